@@ -1,0 +1,37 @@
+"""python -m core: the core process (started by scripts/serve)."""
+import argparse
+import sys
+
+import zmq
+
+from core.config import add_sched_args, config_from_args
+from core.lifeline import die_with_parent, sigterm_as_interrupt
+from core.process import CoreLoop, WorkerLost
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m core")
+    for name in ("--frontend-in", "--frontend-out", "--worker-in", "--worker-out"):
+        p.add_argument(name, required=True)
+    p.add_argument("--log", default=None)
+    add_sched_args(p)
+    cfg = config_from_args(p.parse_args(argv))
+    die_with_parent()
+    sigterm_as_interrupt()
+    ctx = zmq.Context()
+    loop = CoreLoop(cfg, ctx)
+    try:
+        loop.run()
+    except WorkerLost as e:
+        print(f"[core] worker lost: {e}", file=sys.stderr, flush=True)
+        return 3
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        loop.close()
+        ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The core process's configuration: a frozen dataclass with its CLI and derived parts."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+
+from core.engine import Engine
+from core.protocol import ModelInfo
+from core.sched import Chunked, FreeListBlocks, SchedPolicy, Scheduler, SchedulerConfig, WholePrompt
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    frontend_in: str
+    frontend_out: str
+    worker_in: str
+    worker_out: str
+    max_seqs: int = 256
+    max_batch_tokens: int = 2048
+    max_waiting: int = 4096
+    policy: str = "priority"
+    aging_steps: int | None = 32
+    max_model_len: int | None = None
+    preempt_margin: int | None = None
+    prefill: str = "chunked"
+    max_chunk: int = 512
+    seed: int = 0
+    step_timeout: float = 60.0
+    log: str | None = None
+
+    def sched_config(self, info: ModelInfo) -> SchedulerConfig:
+        limit = min(info.max_model_len, self.max_model_len or info.max_model_len)
+        return SchedulerConfig(max_seqs=self.max_seqs, max_batch_tokens=self.max_batch_tokens,
+                               max_waiting=self.max_waiting, policy=SchedPolicy[self.policy.upper()],
+                               aging_steps=self.aging_steps, max_model_len=limit,
+                               preempt_margin=self.preempt_margin)
+
+    def prefill_policy(self):
+        return Chunked(self.max_chunk) if self.prefill == "chunked" else WholePrompt()
+
+    def make_engine(self, info: ModelInfo, log=None) -> Engine:
+        blocks = FreeListBlocks(info.block_size, range(info.num_blocks))
+        sched = Scheduler(self.sched_config(info), blocks, self.prefill_policy())
+        return Engine(sched, eos_ids=info.eos_ids, seed=self.seed, log=log)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def add_sched_args(p: argparse.ArgumentParser) -> None:
+    """The scheduling flags, shared by the core process and scripts/serve."""
+    p.add_argument("--max-seqs", type=int, default=256)
+    p.add_argument("--max-batch-tokens", type=int, default=2048)
+    p.add_argument("--max-waiting", type=int, default=4096)
+    p.add_argument("--policy", choices=["fcfs", "priority"], default="priority")
+    p.add_argument("--aging-steps", type=int, default=32,
+                   help="steps per priority level of aging; 0 = strict priority")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--preempt-margin", type=int, default=None)
+    p.add_argument("--prefill", choices=["chunked", "whole"], default="chunked")
+    p.add_argument("--max-chunk", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-timeout", type=float, default=60.0)
+
+
+def config_from_args(a: argparse.Namespace) -> CoreConfig:
+    return CoreConfig(frontend_in=a.frontend_in, frontend_out=a.frontend_out,
+                      worker_in=a.worker_in, worker_out=a.worker_out, max_seqs=a.max_seqs,
+                      max_batch_tokens=a.max_batch_tokens, max_waiting=a.max_waiting,
+                      policy=a.policy, aging_steps=a.aging_steps or None,
+                      max_model_len=a.max_model_len, preempt_margin=a.preempt_margin,
+                      prefill=a.prefill, max_chunk=a.max_chunk, seed=a.seed,
+                      step_timeout=a.step_timeout, log=a.log)
+
+
+def package_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for pkg in ("tl-engine", "torch", "transformers"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _git_commit() -> str | None:
+    import subprocess
+    from pathlib import Path
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def log_meta(cfg: CoreConfig, info: ModelInfo) -> dict:
+    """What a step log's `meta` table holds: enough to rebuild the engine (engine_from_meta)."""
+    import time
+    sc = asdict(cfg.sched_config(info))
+    sc["policy"] = sc["policy"].name
+    return {"versions": package_versions(), "git_commit": _git_commit(), "model": info.model,
+            "dtype": info.dtype, "block_size": info.block_size, "num_blocks": info.num_blocks,
+            "model_info": asdict(info), "sched_config": sc,
+            "prefill": {"kind": cfg.prefill, "max_chunk": cfg.max_chunk}, "seed": cfg.seed,
+            "start_time": time.time()}
+
+
+def engine_from_meta(meta: dict, runner=None, log=None) -> Engine:
+    """A fresh engine configured exactly as the logged run's (for replay)."""
+    sc = dict(meta["sched_config"])
+    sc["policy"] = SchedPolicy[sc["policy"]]
+    pf = meta["prefill"]
+    policy = Chunked(pf["max_chunk"]) if pf["kind"] == "chunked" else WholePrompt()
+    blocks = FreeListBlocks(meta["block_size"], range(meta["num_blocks"]))
+    sched = Scheduler(SchedulerConfig(**sc), blocks, policy)
+    return Engine(sched, runner, eos_ids=meta["model_info"]["eos_ids"], seed=meta["seed"],
+                  log=log)

@@ -1,0 +1,194 @@
+"""The engine loop without sockets: scheduler + a runner, one step at a time.
+
+The core process drives the same object (plan -> remote worker -> commit); the offline
+mode calls `step()` with an in-process runner; replay feeds recorded inputs to it. External
+inputs (adds, aborts, restarts) are applied between steps and are recorded with the step
+they precede, which together with stateless sampling makes a run replayable.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+from core.batch import build_batch, sampled_ids
+from core.protocol import ForwardBatch, SamplingParams
+from core.sched import Finished, Request, ScheduleOutput, Scheduler, StepOutput, TokenEvent
+
+SEED_MASK = (1 << 63) - 1
+
+
+def derive_seed(engine_seed: int, rid: int) -> int:
+    """The seed of a sampled request that brought none: a function of (--seed, id)."""
+    h = hashlib.blake2b(f"{engine_seed}:{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & SEED_MASK
+
+
+def schedule_json(out: ScheduleOutput) -> dict:
+    return {"prefill": [[c.id, c.start, c.length, c.last] for c in out.prefill],
+            "decode": list(out.decode), "preempted": list(out.preempted)}
+
+
+def state_hash(prev: str, snapshot, sched_doc: dict, outputs: list) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(prev.encode())
+    h.update(repr((snapshot, sched_doc, outputs)).encode())
+    return h.hexdigest()
+
+
+class NullLog:
+    """The step log's interface; this one records nothing."""
+
+    def add_request(self, rid, client_request_id, arrival, req, sampling, ignore_eos): pass
+    def input(self, step, kind, rid): pass
+    def step(self, record: "StepRecord"): pass
+    def finish(self, rid, step, reason, output_tokens): pass
+
+
+@dataclass
+class StepRecord:
+    step: int
+    wall_time: float
+    duration_ms: float
+    schedule: dict
+    outputs: list
+    free_blocks: int
+    running: int
+    waiting: int
+    hash: str
+
+
+@dataclass
+class _Live:
+    sampling: SamplingParams
+    ignore_eos: bool
+    prompt_len: int
+    output: list[int] = field(default_factory=list)
+
+
+class _SamplingView:
+    """rid -> SamplingParams over the live table, without copying it every step."""
+
+    def __init__(self, live: dict):
+        self.live = live
+
+    def get(self, rid: int, default=None):
+        live = self.live.get(rid)
+        return live.sampling if live is not None else default
+
+
+class Engine:
+    def __init__(self, sched: Scheduler, runner=None, *, eos_ids=(), seed: int = 0, log=None):
+        self.sched, self.runner = sched, runner
+        self.eos_ids = frozenset(eos_ids)
+        self.seed = seed
+        self.log = log or NullLog()
+        self.live: dict[int, _Live] = {}
+        self.last_hash = ""
+        self.last_schedule: ScheduleOutput | None = None
+        self._planned: tuple[ScheduleOutput, int, float] | None = None
+        self._sampling = _SamplingView(self.live)
+
+    @property
+    def step_no(self) -> int:
+        return self.sched.stats().steps
+
+    # ---- inputs, applied between steps
+
+    def add(self, req: Request, sampling: SamplingParams | None = None, *,
+            ignore_eos: bool = False, client_request_id: str = "") -> int:
+        """Admit to the queue; raises the scheduler's AdmitError unchanged."""
+        sampling = sampling or SamplingParams()
+        rid = self.sched.add(req)
+        if sampling.temperature > 0 and sampling.seed is None:
+            sampling = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k,
+                                      derive_seed(self.seed, rid))
+        self.live[rid] = _Live(sampling, ignore_eos, len(req.prompt))
+        step = self.step_no
+        self.log.add_request(rid, client_request_id, step, req, sampling, ignore_eos)
+        self.log.input(step, "add", rid)
+        return rid
+
+    def abort(self, rid: int) -> bool:
+        """True when rid was unfinished (and is now aborted)."""
+        live = self.live.pop(rid, None)
+        if live is None:
+            return False
+        self.sched.abort(rid)
+        step = self.step_no
+        self.log.input(step, "abort", rid)
+        self.log.finish(rid, step, "abort", live.output)
+        return True
+
+    def restart(self) -> list[int]:
+        """A new worker: every running request is preempted and later recomputed."""
+        self.log.input(self.step_no, "restart", None)
+        return self.sched.preempt_all()
+
+    # ---- one step
+
+    def plan(self, build: bool = True) -> ForwardBatch | None:
+        """Schedule one step and build its batch (skipped with build=False: replay
+        without a model needs only the schedule)."""
+        t0 = time.perf_counter()
+        out = self.sched.schedule()
+        step = self.step_no - 1
+        batch = build_batch(step, out, self.sched, self._sampling) if build else None
+        self._planned = (out, step, t0)
+        self.last_schedule = out
+        return batch
+
+    def commit(self, tokens) -> list:
+        """Apply the worker's tokens for the planned step; returns the scheduler's events."""
+        out, step, t0 = self._planned
+        self._planned = None
+        ids = sampled_ids(out)
+        if len(ids) != len(tokens):
+            raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
+        outputs = [StepOutput(rid, tok, self._is_eos(rid, tok)) for rid, tok in zip(ids, tokens)]
+        events = self.sched.on_step(outputs)
+        self._record(step, out, outputs, t0)
+        self._finish(events, step)
+        return events
+
+    def step(self) -> list:
+        batch = self.plan()
+        tokens = self.runner.execute(batch) if batch.num_seqs else []
+        return self.commit(tokens)
+
+    def run(self, max_steps: int | None = None) -> dict[int, list[int]]:
+        """Step until nothing is unfinished; the generated tokens of each finished request."""
+        done: dict[int, list[int]] = {}
+        n = 0
+        while self.sched.has_unfinished() and (max_steps is None or n < max_steps):
+            outs = {rid: live.output for rid, live in self.live.items()}
+            for ev in self.step():
+                if isinstance(ev, Finished):
+                    done[ev.id] = outs.get(ev.id, [])
+            n += 1
+        return done
+
+    # ---- internals
+
+    def _is_eos(self, rid: int, tok: int) -> bool:
+        live = self.live.get(rid)
+        return tok in self.eos_ids and live is not None and not live.ignore_eos
+
+    def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float) -> None:
+        doc = schedule_json(out)
+        outs = [[o.id, o.token, o.stop] for o in outputs]
+        self.last_hash = state_hash(self.last_hash, self.sched.snapshot(), doc, outs)
+        st = self.sched.stats()
+        self.log.step(StepRecord(step, time.time(), (time.perf_counter() - t0) * 1e3, doc,
+                                 outs, st.free_blocks, st.running, st.waiting, self.last_hash))
+
+    def _finish(self, events: list, step: int) -> None:
+        for ev in events:
+            if isinstance(ev, TokenEvent):
+                live = self.live.get(ev.id)
+                if live is not None:
+                    live.output.append(ev.token)
+            elif isinstance(ev, Finished):
+                live = self.live.pop(ev.id, None)
+                if live is not None:
+                    self.log.finish(ev.id, step, ev.reason.value, live.output)

@@ -1,0 +1,28 @@
+"""Children of scripts/serve die with it (PR_SET_PDEATHSIG), and SIGTERM ends them cleanly."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` when the parent exits (Linux); exit if it already did."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+        except OSError:
+            pass
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def sigterm_as_interrupt() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)

@@ -1,0 +1,155 @@
+"""The core process: the step loop between the frontend and the worker.
+
+Inputs from the frontend are drained without blocking between steps (and only between
+steps: a step is one schedule -> forward -> on_step round). When nothing is unfinished the
+loop blocks on its sockets. The core never imports torch or transformers.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import zmq
+
+from core.channel import Channel
+from core.config import CoreConfig, log_meta
+from core.engine import Engine
+from core.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, I32,
+                           ProtocolError, Rejected, Shutdown, StatsQuery, StepEvents,
+                           StepResult, WorkerReady)
+from core.steplog import StepLog
+from core.sched import AdmitError, Finished, QueueFull, Request, TokenEvent
+
+
+class WorkerLost(Exception):
+    """The worker did not answer a step within the step timeout."""
+
+
+def _log(msg: str) -> None:
+    print(f"[core] {msg}", file=sys.stderr, flush=True)
+
+
+class CoreLoop:
+    def __init__(self, cfg: CoreConfig, ctx: zmq.Context):
+        self.cfg = cfg
+        self.fe_in = Channel(ctx, zmq.PULL, cfg.frontend_in, bind=True,
+                             accept=(AddRequest, AbortRequest, StatsQuery, Drain))
+        self.fe_out = Channel(ctx, zmq.PUSH, cfg.frontend_out, bind=True)
+        self.wk_in = Channel(ctx, zmq.PULL, cfg.worker_in, bind=True,
+                             accept=(WorkerReady, StepResult), max_bytes=1 << 30)
+        self.wk_out = Channel(ctx, zmq.PUSH, cfg.worker_out, bind=True, max_bytes=1 << 30)
+        self.engine: Engine | None = None
+        self.rid_of: dict[int, int] = {}   # scheduler id -> frontend rid
+        self.id_of: dict[int, int] = {}    # frontend rid -> scheduler id
+        self.worker_pid = 0
+        self.info = None
+        self.stopping = False
+        self.log: StepLog | None = None
+
+    # ---- start-up
+
+    def wait_worker(self) -> None:
+        while True:
+            msg = self.wk_in.recv()
+            if isinstance(msg, WorkerReady):
+                break
+        self.info, self.worker_pid = msg.info, msg.pid
+        if self.cfg.log:
+            self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info))
+        self.engine = self.cfg.make_engine(msg.info, self.log)
+        self.fe_out.send(CoreReady(info=msg.info, pid=os.getpid(), worker_pid=msg.pid))
+        _log(f"ready: {msg.info.model}, {msg.info.num_blocks} blocks of {msg.info.block_size}")
+
+    # ---- the loop
+
+    def run(self) -> None:
+        self.wait_worker()
+        while not self.stopping:
+            busy = self.engine.sched.has_unfinished()
+            self.drain_inputs(block_ms=0 if busy else 1000)
+            if self.engine.sched.has_unfinished():
+                self.step()
+        self.wk_out.send(Shutdown())
+
+    def drain_inputs(self, block_ms: int) -> None:
+        if not self.fe_in.poll(block_ms):
+            return
+        while True:
+            try:
+                msg = self.fe_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ProtocolError as e:
+                _log(f"dropped a bad frame from the frontend: {e}")
+                continue
+            self.handle(msg)
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, AddRequest):
+            self.add(msg)
+        elif isinstance(msg, AbortRequest):
+            sid = self.id_of.pop(msg.rid, None)
+            if sid is not None:
+                self.rid_of.pop(sid, None)
+                self.engine.abort(sid)
+        elif isinstance(msg, StatsQuery):
+            self.fe_out.send(CoreStats(qid=msg.qid, stats=self.stats()))
+
+    def add(self, msg: AddRequest) -> None:
+        req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
+        try:
+            sid = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
+                                  client_request_id=msg.client_request_id)
+        except AdmitError as e:
+            code = 429 if isinstance(e, QueueFull) else 400
+            self.fe_out.send(Rejected(rid=msg.rid, code=code, message=str(e) or type(e).__name__))
+            return
+        self.rid_of[sid], self.id_of[msg.rid] = msg.rid, sid
+
+    def step(self) -> None:
+        batch = self.engine.plan()
+        tokens = self.forward(batch) if batch.num_seqs else []
+        events = self.engine.commit(tokens)
+        self.publish(events)
+
+    def forward(self, batch) -> I32:
+        self.wk_out.send(batch)
+        deadline = time.monotonic() + self.cfg.step_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.wk_in.poll(int(left * 1000) + 1):
+                raise WorkerLost(f"no result for step {batch.step} in {self.cfg.step_timeout}s")
+            msg = self.wk_in.recv()
+            if isinstance(msg, StepResult) and msg.step == batch.step:
+                return msg.tokens
+
+    def publish(self, events: list) -> None:
+        rids, tokens, finished = I32(), I32(), []
+        for ev in events:
+            rid = self.rid_of.get(ev.id)
+            if rid is None:
+                continue
+            if isinstance(ev, TokenEvent):
+                rids.append(rid)
+                tokens.append(ev.token)
+            elif isinstance(ev, Finished):
+                finished.append([rid, ev.reason.value])
+                del self.rid_of[ev.id], self.id_of[rid]
+        if rids or finished:
+            self.fe_out.send(StepEvents(rids=rids, tokens=tokens, finished=finished))
+
+    def stats(self) -> dict:
+        st = self.engine.sched.stats()
+        return {"running": st.running, "waiting": st.waiting, "free_blocks": st.free_blocks,
+                "total_blocks": st.total_blocks, "steps": st.steps,
+                "preemptions": st.preemptions, "finished": st.finished,
+                "max_model_len": self.engine.sched.cfg.max_model_len,
+                "model": self.info.model,
+                "pids": {"core": os.getpid(), "worker": self.worker_pid}}
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        for ch in (self.fe_in, self.fe_out, self.wk_in, self.wk_out):
+            ch.close()

@@ -1,0 +1,525 @@
+"""Continuous batching with priority, aging and preemption by recompute (the seed's L10.2).
+
+Every step `schedule` re-forms the batch in three phases (SEED-scheduler.md 2.2): decodes,
+prefills in progress, admissions; `on_step` then takes the sampled tokens. Pure Python, no
+I/O: the caller runs the model between the two calls.
+"""
+from __future__ import annotations
+
+from array import array
+from bisect import insort
+from dataclasses import dataclass, field
+from enum import Enum
+from operator import attrgetter
+from typing import Sequence
+
+from core.blocks import Allocation, BlockSpace, FreeListBlocks, NoCapacity
+from core.heap import LazyHeap
+from core.prefill import Chunked, PrefillPolicy, WholePrompt
+
+__all__ = [
+    "RequestId", "BlockSpace", "FreeListBlocks", "NoCapacity", "Allocation",
+    "PrefillPolicy", "WholePrompt", "Chunked", "SchedPolicy", "SchedulerConfig", "Request",
+    "AdmitError", "QueueFull", "EmptyPrompt", "TooLong", "NeverFits", "InvalidRequest",
+    "Chunk", "ScheduleOutput", "StepOutput", "FinishReason", "TokenEvent", "Finished",
+    "SchedStats", "Scheduler", "MAX_PRIORITY",
+]
+
+RequestId = int
+MAX_PRIORITY = 1000  # priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]
+
+
+class SchedPolicy(Enum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
+
+def _positive(name: str, value: object) -> None:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass
+class SchedulerConfig:
+    """max_seqs, max_batch_tokens and max_waiting are read at every use and may be tuned
+    between steps; the other fields must not change once a Scheduler holds the config."""
+
+    max_seqs: int = 256
+    max_batch_tokens: int = 2048
+    max_waiting: int = 10000
+    policy: SchedPolicy = SchedPolicy.PRIORITY
+    aging_steps: int | None = 32     # None: strict priority
+    max_model_len: int = 2048
+    preempt_margin: int | None = None  # in priority levels; None: never preempt for arrivals
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs", "max_batch_tokens", "max_waiting", "max_model_len"):
+            _positive(name, getattr(self, name))
+        for name in ("aging_steps", "preempt_margin"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if isinstance(self.policy, str):
+            try:
+                self.policy = SchedPolicy(self.policy.lower())
+            except ValueError:
+                raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        elif not isinstance(self.policy, SchedPolicy):
+            raise ValueError(f"policy must be a SchedPolicy, got {self.policy!r}")
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    priority: int = 0
+
+
+class AdmitError(Exception):
+    """`add` refused the request; the scheduler is unchanged and no id was used."""
+
+
+class QueueFull(AdmitError):
+    def __init__(self, limit: int | None = None):
+        super().__init__(limit)
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return f"waiting queue is full ({self.limit} requests)"
+
+
+class EmptyPrompt(AdmitError):
+    def __str__(self) -> str:
+        return "the prompt is empty"
+
+
+class TooLong(AdmitError):
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(tokens, limit)
+        self.tokens = tokens
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return (f"the prompt has {self.tokens} tokens; it must be shorter than the "
+                f"context limit of {self.limit}")
+
+
+class NeverFits(AdmitError):
+    def __init__(self, blocks: int, total: int):
+        super().__init__(blocks, total)
+        self.blocks = blocks
+        self.total = total
+
+    def __str__(self) -> str:
+        return (f"the request may need {self.blocks} KV blocks; the pool has only "
+                f"{self.total}")
+
+
+class InvalidRequest(AdmitError, ValueError):
+    """Wrong types or out-of-range arguments."""
+
+
+@dataclass(slots=True)
+class Chunk:
+    id: RequestId
+    start: int
+    length: int
+    last: bool  # the chunk reaches the newest token: its last row is sampled
+
+
+@dataclass(slots=True)
+class ScheduleOutput:
+    prefill: list[Chunk] = field(default_factory=list)
+    decode: list[RequestId] = field(default_factory=list)
+    preempted: list[RequestId] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepOutput:
+    id: RequestId
+    token: int
+    stop: bool = False
+
+
+class FinishReason(Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    id: RequestId
+    token: int
+
+
+@dataclass(slots=True)
+class Finished:
+    id: RequestId
+    reason: FinishReason
+
+
+@dataclass(frozen=True)
+class SchedStats:
+    running: int
+    waiting: int
+    free_blocks: int
+    total_blocks: int
+    steps: int          # schedule() calls so far
+    preemptions: int    # preemptions so far, preempt_all included
+    finished: int       # requests that left: completed (stop or length) plus aborted
+
+
+class _Req:
+    __slots__ = ("id", "tokens", "n", "c", "prompt_len", "max_tokens", "key", "arrival",
+                 "limit", "rank", "handle", "running", "sample_at")
+
+    def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
+                 key: int, arrival: int):
+        self.id = id
+        self.tokens = tokens        # prompt + every generated token; survives preemption
+        self.n = len(tokens)
+        self.c = 0                  # positions whose K/V are computed
+        self.prompt_len = self.n
+        self.max_tokens = max_tokens
+        self.limit = min(self.n + max_tokens, max_model_len)  # n at which it ends (LENGTH)
+        self.key = key
+        self.arrival = arrival
+        self.rank = (-key, arrival, id)  # ascending rank tuple = descending rank
+        self.handle = None          # the waiting heap's handle while waiting
+        self.running = False
+        self.sample_at = -1         # the step whose output may carry this request's token
+
+
+_RANK = attrgetter("rank")
+_NOTHING: tuple = ()
+
+
+def _is_int(v: object) -> bool:
+    return type(v) is int  # rejects bool and other int subclasses
+
+
+def _validated_prompt(req: object) -> list[int]:
+    if not isinstance(req, Request):
+        raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
+    p = req.prompt
+    if not isinstance(p, (list, tuple, array)):
+        raise InvalidRequest(f"prompt must be a list of token ids, got {type(p).__name__}")
+    tokens = list(p)
+    if not all(type(t) is int and t >= 0 for t in tokens):
+        raise InvalidRequest("prompt must hold non-negative int token ids only")
+    if not _is_int(req.max_tokens) or req.max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be an int >= 1, got {req.max_tokens!r}")
+    if not _is_int(req.priority) or not -MAX_PRIORITY <= req.priority <= MAX_PRIORITY:
+        raise InvalidRequest(f"priority must be an int in [-{MAX_PRIORITY}, {MAX_PRIORITY}], "
+                             f"got {req.priority!r}")
+    return tokens
+
+
+class Scheduler:
+    """Decides every step which requests run. Rank: (key desc, arrival asc, id asc) with
+    key = priority * aging_steps - arrival (PRIORITY), priority (aging_steps None), 0 (FCFS).
+
+    Invariants: `_running` is sorted by rank, highest first; a request is in exactly one of
+    `_running` and `_waiting` while in `_reqs`; only running requests hold blocks.
+    """
+
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockSpace,
+                 prefill_policy: PrefillPolicy | None = None):
+        if not isinstance(cfg, SchedulerConfig):
+            raise TypeError(f"cfg must be a SchedulerConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.blocks = blocks
+        self.prefill_policy = prefill_policy if prefill_policy is not None else WholePrompt()
+        self._reqs: dict[RequestId, _Req] = {}
+        self._waiting: LazyHeap[_Req] = LazyHeap()
+        self._running: list[_Req] = []
+        self._steps = 0
+        self._next_id = 0
+        self._preemptions = 0
+        self._finished = 0
+        self._last_chunks: Sequence[tuple[_Req, Chunk]] = _NOTHING
+        self._margin = self._margin_in_keys(cfg)
+
+    @staticmethod
+    def _margin_in_keys(cfg: SchedulerConfig) -> int | None:
+        if cfg.preempt_margin is None or cfg.policy is SchedPolicy.FCFS:
+            return None
+        if cfg.aging_steps is None:
+            return cfg.preempt_margin
+        return cfg.preempt_margin * cfg.aging_steps
+
+    def _key(self, priority: int, arrival: int) -> int:
+        cfg = self.cfg
+        if cfg.policy is SchedPolicy.FCFS:
+            return 0
+        if cfg.aging_steps is None:
+            return priority
+        return priority * cfg.aging_steps - arrival
+
+    # ------------------------------------------------------------------ inputs
+
+    def add(self, req: Request) -> RequestId:
+        """Queue a request; raises an AdmitError (and changes nothing) when refused."""
+        tokens = _validated_prompt(req)
+        cfg = self.cfg
+        n = len(tokens)
+        if n == 0:
+            raise EmptyPrompt()
+        if n >= cfg.max_model_len:
+            raise TooLong(n, cfg.max_model_len)
+        need = -(-min(n + req.max_tokens, cfg.max_model_len) // self.blocks.block_tokens())
+        total = self.blocks.total_blocks()
+        if need > total:
+            raise NeverFits(need, total)
+        if len(self._waiting) >= cfg.max_waiting:
+            raise QueueFull(cfg.max_waiting)
+        rid = self._next_id
+        self._next_id += 1
+        r = _Req(rid, tokens, req.max_tokens, cfg.max_model_len,
+                 self._key(req.priority, self._steps), self._steps)
+        self._reqs[rid] = r
+        r.handle = self._waiting.push(r.rank, r)
+        return rid
+
+    def abort(self, id: RequestId) -> None:
+        """Drop a running or waiting request and free its blocks. Emits no event; unknown
+        or already finished ids are ignored."""
+        try:
+            r = self._reqs.pop(id, None)
+        except TypeError:  # unhashable id: cannot be ours
+            return
+        if r is None:
+            return
+        if r.running:
+            self._running.remove(r)
+            self._release(r)
+        else:
+            self._waiting.remove(r.handle)
+            r.handle = None
+        r.sample_at = -1
+        self._finished += 1
+
+    def preempt_all(self) -> list[RequestId]:
+        """Preempt every running request (a replaced worker lost the KV cache). Returns the
+        ids in the order preempted: lowest rank first."""
+        ids = []
+        running = self._running
+        while running:
+            r = running.pop()
+            self._to_waiting(r)
+            ids.append(r.id)
+        self._last_chunks = _NOTHING
+        return ids
+
+    # ------------------------------------------------------------------ the step
+
+    def schedule(self) -> ScheduleOutput:
+        step = self._steps
+        self._steps += 1
+        preempted: list[RequestId] = []
+        if self._margin is not None:
+            self._preempt_for_head(preempted)
+        decodes, prefilling, budget = self._decode_phase(step, preempted)
+        chunks: list[tuple[_Req, Chunk]] = []
+        if budget > 0:
+            alone = not decodes
+            budget = self._prefill_phase(prefilling, chunks, step, budget, alone)
+            if budget > 0:
+                self._admit_phase(chunks, step, budget, alone and not chunks)
+        self._last_chunks = chunks
+        return ScheduleOutput([ch for _, ch in chunks], decodes, preempted)
+
+    def _preempt_for_head(self, preempted: list[RequestId]) -> None:
+        """Phase 0: a waiting head that outranks the lowest running request by the margin
+        and cannot be admitted takes its place."""
+        running, waiting = self._running, self._waiting
+        B = self.blocks.block_tokens()
+        while running and waiting:
+            head = waiting.peek()
+            seat = len(running) < self.cfg.max_seqs
+            if seat and -(-head.n // B) <= self.blocks.free_blocks():
+                return
+            if head.key - running[-1].key < self._margin:
+                return
+            victim = running.pop()
+            self._to_waiting(victim)
+            preempted.append(victim.id)
+
+    def _decode_phase(self, step: int, preempted: list[RequestId]):
+        """Phase 1: decodes in rank order. Also collects the prefills in progress (phase 2)
+        in rank order; that list is complete whenever budget is left."""
+        budget = self.cfg.max_batch_tokens
+        decodes: list[RequestId] = []
+        prefilling: list[_Req] = []
+        append_slot = self.blocks.append_slot
+        schedule_decode = decodes.append
+        # preemption pops only from the end of _running, behind the iterator
+        for r in self._running:
+            d = r.n - r.c
+            if d == 1:
+                if budget == 0:
+                    break
+                try:
+                    append_slot(r.id, r.n)
+                except NoCapacity:
+                    if not self._make_room(r, preempted):
+                        break  # r was the last running request and preempted itself
+                r.sample_at = step
+                schedule_decode(r.id)
+                budget -= 1
+            elif d > 1:
+                prefilling.append(r)
+        return decodes, prefilling, budget
+
+    def _make_room(self, r: _Req, preempted: list[RequestId]) -> bool:
+        running = self._running
+        while True:
+            # everything after r is unscheduled, so the last running request is the
+            # lowest-ranked one not yet scheduled (possibly r itself)
+            victim = running.pop()
+            self._to_waiting(victim)
+            preempted.append(victim.id)
+            if victim is r:
+                return False
+            try:
+                self.blocks.append_slot(r.id, r.n)
+                return True
+            except NoCapacity:
+                pass
+
+    def _prefill_phase(self, prefilling: list[_Req], chunks: list, step: int, budget: int,
+                       alone: bool) -> int:
+        """Phase 2: the next chunk of each prefill in progress, in rank order."""
+        chunk_len = self.prefill_policy.chunk_len
+        for r in prefilling:
+            if budget <= 0:
+                break
+            length = min(chunk_len(r.n - r.c, budget, alone), r.n - r.c)
+            if length > 0:
+                self._add_chunk(r, r.c, length, chunks, step)
+                budget -= length
+                alone = False
+        return budget
+
+    def _admit_phase(self, chunks: list, step: int, budget: int, alone: bool) -> None:
+        """Phase 3: admit from the waiting head while seats, budget and blocks last; the
+        first request that does not fit stops admission (no skipping ahead)."""
+        running, waiting = self._running, self._waiting
+        chunk_len = self.prefill_policy.chunk_len
+        max_seqs = self.cfg.max_seqs
+        while budget > 0 and len(running) < max_seqs and waiting:
+            r = waiting.peek()
+            length = chunk_len(r.n, budget, alone)
+            if length <= 0:
+                return
+            try:
+                alloc = self.blocks.allocate(r.id, r.tokens)
+            except NoCapacity:
+                return
+            waiting.pop()
+            r.handle = None
+            r.running = True
+            insort(running, r, key=_RANK)
+            r.c = min(alloc.cached_tokens, r.n - 1)  # a prefix hit skips computed positions
+            length = min(length, r.n - r.c)
+            self._add_chunk(r, r.c, length, chunks, step)
+            budget -= length
+            alone = False
+
+    @staticmethod
+    def _add_chunk(r: _Req, start: int, length: int, chunks: list, step: int) -> None:
+        last = start + length == r.n
+        if last:
+            r.sample_at = step
+        chunks.append((r, Chunk(r.id, start, length, last)))
+
+    def on_step(self, outputs: Sequence[StepOutput]) -> list[TokenEvent | Finished]:
+        """Advance the computed positions of the last schedule and take its sampled tokens.
+
+        Outputs for requests that did not sample in that step are ignored. A sampling row
+        (decode or last chunk) left without an output is not advanced: it runs again.
+        """
+        for r, ch in self._last_chunks:
+            if not ch.last:
+                r.c += ch.length
+        self._last_chunks = _NOTHING
+        step = self._steps - 1
+        get = self._reqs.get
+        events: list[TokenEvent | Finished] = []
+        emit = events.append
+        finished = False
+        for o in outputs:
+            r = get(o.id)
+            if r is None or r.sample_at != step:
+                continue
+            r.sample_at = -1
+            n = r.n
+            r.c = n  # a sampling row computes every position up to the newest token
+            token = o.token
+            r.tokens.append(token)
+            r.n = n = n + 1
+            emit(TokenEvent(r.id, token))
+            if o.stop:
+                self._finish(r, FinishReason.STOP, events)
+                finished = True
+            elif n >= r.limit:
+                self._finish(r, FinishReason.LENGTH, events)
+                finished = True
+        if finished:  # one pass, not a list.remove per finished request
+            self._running = [r for r in self._running if r.running]
+        return events
+
+    # ------------------------------------------------------------------ moves
+
+    def _finish(self, r: _Req, reason: FinishReason, events: list) -> None:
+        """Leaves `_running` to the caller."""
+        r.running = False
+        self._release(r)
+        del self._reqs[r.id]
+        self._finished += 1
+        events.append(Finished(r.id, reason))
+
+    def _to_waiting(self, r: _Req) -> None:
+        """Preempt by recompute: free the blocks, keep every token, keep the arrival."""
+        self._release(r)
+        r.c = 0
+        r.running = False
+        r.sample_at = -1
+        r.handle = self._waiting.push(r.rank, r)
+        self._preemptions += 1
+
+    def _release(self, r: _Req) -> None:
+        self.blocks.release(r.id, r.tokens[:r.c])
+
+    # ------------------------------------------------------------------ queries
+
+    def tokens(self, id: RequestId) -> Sequence[int] | None:
+        """Prompt + generated tokens (the live list: read it, don't change it); None once
+        the request finished or was aborted."""
+        r = self._reqs.get(id)
+        return None if r is None else r.tokens
+
+    def prompt_len(self, id: RequestId) -> int | None:
+        r = self._reqs.get(id)
+        return None if r is None else r.prompt_len
+
+    def unfinished(self) -> list[RequestId]:
+        """Running and waiting ids, ascending."""
+        return list(self._reqs)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._reqs)
+
+    def stats(self) -> SchedStats:
+        return SchedStats(
+            running=len(self._running), waiting=len(self._waiting),
+            free_blocks=self.blocks.free_blocks(), total_blocks=self.blocks.total_blocks(),
+            steps=self._steps, preemptions=self._preemptions, finished=self._finished)
+
+    def snapshot(self) -> tuple:
+        """A deterministic description of the state, for the step log's state hash."""
+        running = sorted(self._running, key=attrgetter("id"))
+        table = self.blocks.block_table
+        return (self._steps, self._next_id, self._preemptions, self._finished,
+                self.blocks.free_blocks(), len(self._waiting),
+                tuple((r.id, r.n, r.c, tuple(table(r.id))) for r in running))

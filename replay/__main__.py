@@ -1,0 +1,106 @@
+"""python -m replay (scripts/replay): verify, summary, request, diff, plot a step log."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from replay.logfile import LogError, LogFile
+
+
+def _context(log: LogFile, step: int, around: int = 2) -> str:
+    lines = []
+    for row in log.steps():
+        if abs(row.step - step) <= around:
+            mark = ">>" if row.step == step else "  "
+            lines.append(f"{mark} step {row.step}: schedule {row.schedule} outputs {row.outputs}")
+    return "\n".join(lines)
+
+
+def cmd_verify(a) -> int:
+    from replay.verify import verify
+    log = LogFile(a.file)
+    for w in log.version_warnings():
+        print(f"warning: {w}", file=sys.stderr)
+    runner = None
+    if a.with_model:
+        from replay.model import runner_for
+        runner = runner_for(log.meta)
+    v = verify(log, runner, progress=True)
+    if v.ok:
+        print(f"ok: {v.steps} steps verified" + (" with the model" if a.with_model else ""))
+        return 0
+    d = v.divergence
+    print(f"DIVERGED at step {d.step} ({d.what}):")
+    for line in d.diffs:
+        print(f"  {line}")
+    print(_context(log, d.step))
+    return 1
+
+
+def cmd_summary(a) -> int:
+    from replay.report import summary
+    print(summary(LogFile(a.file)))
+    return 0
+
+
+def cmd_request(a) -> int:
+    from replay.report import request_life
+    print(request_life(LogFile(a.file), a.id))
+    return 0
+
+
+def cmd_diff(a) -> int:
+    from replay.diff import first_difference
+    d = first_difference(LogFile(a.a), LogFile(a.b))
+    if d is None:
+        print("no difference")
+        return 0
+    print(d)
+    return 1
+
+
+def cmd_plot(a) -> int:
+    from replay.plot import plot
+    plot(LogFile(a.file), a.output)
+    print(f"wrote {a.output}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scripts/replay", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("verify", help="re-run the log; exit 1 at the first divergent step")
+    v.add_argument("--with-model", action="store_true", help="re-run the worker too")
+    v.add_argument("file")
+    v.set_defaults(fn=cmd_verify)
+    s = sub.add_parser("summary", help="requests, steps, tokens, waits, KV use")
+    s.add_argument("file")
+    s.set_defaults(fn=cmd_summary)
+    r = sub.add_parser("request", help="one request's life")
+    r.add_argument("file")
+    r.add_argument("id", type=int)
+    r.set_defaults(fn=cmd_request)
+    d = sub.add_parser("diff", help="the first step where two logs differ")
+    d.add_argument("a")
+    d.add_argument("b")
+    d.set_defaults(fn=cmd_diff)
+    pl = sub.add_parser("plot", help="a timeline picture (needs matplotlib)")
+    pl.add_argument("file")
+    pl.add_argument("-o", "--output", required=True)
+    pl.set_defaults(fn=cmd_plot)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except LogError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

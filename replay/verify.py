@@ -1,0 +1,95 @@
+"""Re-run a step log and stop at the first step that differs from it.
+
+Scheduler-only: a fresh engine built from `meta` gets the logged inputs at their steps and
+the logged tokens back as the worker's answer; every ScheduleOutput and state hash must
+match. With a model: the worker re-runs each rebuilt ForwardBatch and its sampled tokens
+must equal the logged ones bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config import engine_from_meta
+from core.engine import schedule_json
+from core.protocol import SamplingParams
+from core.sched import Request
+from replay.logfile import LogFile, StepRow
+from replay.progress import Progress
+
+
+@dataclass
+class Divergence:
+    step: int
+    what: str                       # "schedule" | "tokens" | "hash" | "input" | "steps"
+    diffs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Verdict:
+    steps: int
+    divergence: Divergence | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
+    for kind, rid in log.inputs.get(step, ()):
+        if kind == "add":
+            r = log.requests[rid]
+            s = dict(r["sampling"])
+            ignore_eos = s.pop("ignore_eos", False)
+            got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"]),
+                             SamplingParams(**s), ignore_eos=ignore_eos,
+                             client_request_id=r["client_request_id"] or "")
+            if got != rid:
+                return Divergence(step, "input", [f"add gave id {got}, the log says {rid}"])
+        elif kind == "abort":
+            engine.abort(rid)
+        elif kind == "restart":
+            engine.restart()
+    return None
+
+
+def _diff_schedule(got: dict, want: dict) -> list[str]:
+    out = []
+    for key in ("prefill", "decode", "preempted"):
+        if got[key] != want[key]:
+            out.append(f"{key}: replay {got[key]} != log {want[key]}")
+    return out
+
+
+def _check_step(engine, row: StepRow, runner) -> Divergence | None:
+    batch = engine.plan(build=runner is not None)
+    got = schedule_json(engine.last_schedule)
+    if got != row.schedule:
+        return Divergence(row.step, "schedule", _diff_schedule(got, row.schedule))
+    logged = [tok for _, tok, _ in row.outputs]
+    if batch is not None and batch.num_seqs:
+        tokens = list(runner.execute(batch))
+        if tokens != logged:
+            bad = [f"request {o[0]}: replay token {t} != log {o[1]}"
+                   for t, o in zip(tokens, row.outputs) if t != o[1]]
+            return Divergence(row.step, "tokens", bad)
+    engine.commit(logged)
+    if engine.last_hash != row.hash:
+        return Divergence(row.step, "hash", [f"state hash {engine.last_hash} != log {row.hash}"])
+    return None
+
+
+def verify(log: LogFile, runner=None, progress: bool = False) -> Verdict:
+    engine = engine_from_meta(log.meta, runner)
+    n = 0
+    bar = Progress(log.num_steps(), "verify", enabled=progress)
+    for row in log.steps():
+        if row.step != n:
+            return Verdict(n, Divergence(n, "steps", [f"step {n} missing (next is {row.step})"]))
+        div = _apply_inputs(engine, log, row.step) or _check_step(engine, row, runner)
+        if div is not None:
+            bar.close()
+            return Verdict(n, div)
+        n += 1
+        bar.update(n)
+    bar.close()
+    return Verdict(n)

@@ -1,0 +1,185 @@
+"""scripts/serve: start worker, core and frontend as one group and watch over them.
+
+Prints `ready ADDRESS` once all three are up (worker -> core -> frontend handshake).
+If any process dies, the others are stopped and serve exits non-zero naming it.
+SIGINT/SIGTERM: the frontend drains (new requests get 503, running ones finish up to
+--drain-timeout), then core and worker are stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from core.channel import is_loopback  # noqa: E402
+from core.config import add_sched_args  # noqa: E402
+
+SCHED_FLAGS = ("max_seqs", "max_batch_tokens", "max_waiting", "policy", "aging_steps",
+               "max_model_len", "preempt_margin", "prefill", "max_chunk", "seed", "step_timeout")
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="tiny", help="tiny | smol | null | a local HF directory")
+    p.add_argument("--address", default="tcp://127.0.0.1:7600")
+    p.add_argument("--allow-remote", action="store_true")
+    p.add_argument("--log", default=None, help="step log file (default runs/<time>.db)")
+    p.add_argument("--no-log", action="store_true")
+    p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--kv-memory", type=int, default=None, help="KV cache bytes")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--max-frame-bytes", type=int, default=1 << 20)
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    add_sched_args(p)
+    return p.parse_args(argv)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list[str]]:
+    ep = {k: f"ipc://{ipc}/{k}" for k in ("fe_in", "fe_out", "wk_in", "wk_out")}
+    py = [sys.executable, "-m"]
+    sched = [x for k in SCHED_FLAGS if getattr(a, k) is not None
+             for x in (_flag(k), str(getattr(a, k)))]
+    core = py + ["core", "--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"],
+                 "--worker-in", ep["wk_in"], "--worker-out", ep["wk_out"]] + sched
+    if log:
+        core += ["--log", log]
+    worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
+                   "--model", a.model, "--device", a.device, "--dtype", a.dtype,
+                   "--block-size", str(a.block_size)]
+    for k in ("num_blocks", "kv_memory", "max_model_len"):
+        if getattr(a, k) is not None:
+            worker += [_flag(k), str(getattr(a, k))]
+    frontend = py + ["frontend", "--address", a.address, "--core-in", ep["fe_in"],
+                     "--core-out", ep["fe_out"], "--max-frame-bytes", str(a.max_frame_bytes),
+                     "--drain-timeout", str(a.drain_timeout)]
+    if a.allow_remote:
+        frontend.append("--allow-remote")
+    return {"core": core, "worker": worker, "frontend": frontend}
+
+
+def default_log() -> str:
+    runs = ROOT / "runs"
+    runs.mkdir(exist_ok=True)
+    return str(runs / time.strftime(f"%Y%m%d-%H%M%S-{os.getpid()}.db"))
+
+
+class Group:
+    def __init__(self, cmds: dict[str, list[str]]):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        self.procs: dict[str, subprocess.Popen] = {}
+        for name in ("core", "worker", "frontend"):
+            out = subprocess.PIPE if name == "frontend" else None
+            # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
+            # drains the group in order; PDEATHSIG still ends them if serve dies.
+            self.procs[name] = subprocess.Popen(cmds[name], env=env, stdout=out, cwd=ROOT,
+                                                process_group=0)
+
+    def dead(self) -> tuple[str, int] | None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                return name, p.returncode
+        return None
+
+    def wait_ready(self, timeout: float) -> str | None:
+        """The frontend's bound address once it prints READY; None if a process died."""
+        sel = selectors.DefaultSelector()
+        out = self.procs["frontend"].stdout
+        sel.register(out, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sel.select(0.2):
+                line = out.readline().decode(errors="replace").strip()
+                if line.startswith("READY "):
+                    threading.Thread(target=self._forward, args=(out,), daemon=True).start()
+                    return line.split(" ", 1)[1]
+                if line:
+                    print(line, flush=True)
+            if self.dead():
+                return None
+        return None
+
+    @staticmethod
+    def _forward(out) -> None:
+        for line in out:
+            sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+
+    def stop(self, names=("frontend", "core", "worker"), grace: float = 5.0) -> None:
+        for name in names:
+            p = self.procs[name]
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for name in names:
+            p = self.procs[name]
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    if not is_loopback(a.address) and not a.allow_remote:
+        print(f"serve: {a.address} is not a loopback address; pass --allow-remote to bind it",
+              file=sys.stderr)
+        return 2
+    log = None if a.no_log else (a.log or default_log())
+    ipc = tempfile.mkdtemp(prefix="tl-")
+    stop = {"sig": None}
+    signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
+    signal.signal(signal.SIGINT, lambda s, f: stop.update(sig=s))
+    group = Group(commands(a, ipc, log))
+    try:
+        return supervise(group, a, log, stop)
+    finally:
+        group.stop()
+        shutil.rmtree(ipc, ignore_errors=True)
+
+
+def supervise(group: Group, a, log, stop) -> int:
+    addr = group.wait_ready(a.startup_timeout)
+    if addr is None:
+        return report_death(group, "before ready")
+    print(f"ready {addr}", flush=True)
+    if log:
+        print(f"log {log}", flush=True)
+    while stop["sig"] is None:
+        if group.dead():
+            return report_death(group, "")
+        time.sleep(0.05)
+    print("serve: draining", file=sys.stderr, flush=True)
+    group.stop(("frontend",), grace=a.drain_timeout + 10)
+    group.stop(("core", "worker"))
+    return 0
+
+
+def report_death(group: Group, when: str) -> int:
+    dead = group.dead()
+    what = f"{dead[0]} exited with code {dead[1]}" if dead else "start-up timed out"
+    print(f"serve: {what} {when}; stopping the group".replace("  ", " "), file=sys.stderr,
+          flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

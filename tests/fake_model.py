@@ -1,0 +1,172 @@
+"""A fake model for scheduler tests, and a driver that checks invariants every step.
+
+The next token is a known function of the whole sequence so far, so every answer is known
+in advance (`continuation`). The fake reads that sequence back through a simulated paged KV
+cache: each chunk and decode writes its tokens into the slots of the request's block
+table, and sampling reads positions 0..n-1 back from those slots. A scheduler that skips
+a recompute, hands one block to two requests or schedules a position without a block
+therefore gets a wrong token, exactly as a real model would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+
+from core.sched import (Finished, FinishReason, Request, ScheduleOutput, Scheduler,
+                        StepOutput, TokenEvent, WholePrompt)
+
+VOCAB = 1000
+_UNWRITTEN = -1
+
+
+def next_token(seq: Sequence[int], vocab: int = VOCAB) -> int:
+    return hash(tuple(seq)) % vocab  # int hashing is not randomized: stable across runs
+
+
+def continuation(prompt: Sequence[int], max_tokens: int, max_model_len: int,
+                 eos: int | None = None, vocab: int = VOCAB) -> tuple[list[int], FinishReason]:
+    """What a request must produce, whatever the batching: the unconstrained answer."""
+    seq = list(prompt)
+    out: list[int] = []
+    while True:
+        t = next_token(seq, vocab)
+        seq.append(t)
+        out.append(t)
+        if t == eos:
+            return out, FinishReason.STOP
+        if len(out) >= max_tokens or len(seq) >= max_model_len:
+            return out, FinishReason.LENGTH
+
+
+class FakeModel:
+    def __init__(self, vocab: int = VOCAB, eos: int | None = None):
+        self.vocab = vocab
+        self.eos = eos
+        self.kv: dict[int, int] = {}  # slot -> token; freed blocks keep stale tokens
+
+    def forward(self, sched: Scheduler, out: ScheduleOutput) -> list[StepOutput]:
+        """One StepOutput per sampling row: every decode and every last chunk."""
+        res = []
+        for ch in out.prefill:
+            toks = sched.tokens(ch.id)
+            assert ch.length >= 1 and ch.start + ch.length <= len(toks), ch
+            assert ch.last == (ch.start + ch.length == len(toks)), ch
+            self._write(sched, ch.id, ch.start, toks[ch.start:ch.start + ch.length])
+            if ch.last:
+                res.append(self._sample(sched, ch.id, len(toks)))
+        for rid in out.decode:
+            toks = sched.tokens(rid)
+            self._write(sched, rid, len(toks) - 1, toks[-1:])
+            res.append(self._sample(sched, rid, len(toks)))
+        return res
+
+    def _slot(self, sched: Scheduler, rid: int, pos: int) -> int:
+        B = sched.blocks.block_tokens()
+        table = sched.blocks.block_table(rid)
+        assert pos // B < len(table), f"request {rid}: position {pos} has no block"
+        return table[pos // B] * B + pos % B
+
+    def _write(self, sched: Scheduler, rid: int, start: int, toks: Sequence[int]) -> None:
+        for i, t in enumerate(toks):
+            self.kv[self._slot(sched, rid, start + i)] = t
+
+    def _sample(self, sched: Scheduler, rid: int, n: int) -> StepOutput:
+        seq = [self.kv.get(self._slot(sched, rid, p), _UNWRITTEN) for p in range(n)]
+        t = next_token(seq, self.vocab)
+        return StepOutput(rid, t, stop=(t == self.eos))
+
+
+@dataclass
+class RunResult:
+    ids: list[int] = field(default_factory=list)                     # in add order
+    outputs: dict[int, list[int]] = field(default_factory=dict)      # from TokenEvents
+    reasons: dict[int, FinishReason] = field(default_factory=dict)
+    admitted_at: dict[int, int] = field(default_factory=dict)        # first chunk's step
+    finished_at: dict[int, int] = field(default_factory=dict)
+    schedules: list[ScheduleOutput] = field(default_factory=list)
+    steps: int = 0
+
+
+Arrivals = Mapping[int, Sequence[Request]] | Callable[[int], Sequence[Request]]
+
+
+def run(sched: Scheduler, fake: FakeModel, max_steps: int, arrivals: Arrivals | None = None,
+        until_idle: bool = True) -> RunResult:
+    """schedule -> fake forward -> on_step until nothing is left (and no arrivals remain)
+    or max_steps, checking the scheduler's invariants at every step."""
+    arrive = _arrivals(arrivals)
+    last_arrival = max(arrivals) if isinstance(arrivals, Mapping) and arrivals else -1
+    res = RunResult()
+    for step in range(max_steps):
+        for req in arrive(step):
+            rid = sched.add(req)
+            res.ids.append(rid)
+            res.outputs[rid] = []
+        if until_idle and not sched.has_unfinished() and step > last_arrival:
+            break
+        before = {e[0]: e for e in sched.snapshot()[6]}
+        out = sched.schedule()
+        check_schedule(sched, out, before)
+        for ch in out.prefill:
+            res.admitted_at.setdefault(ch.id, step)
+        outputs = fake.forward(sched, out)
+        events = sched.on_step(outputs)
+        _record(res, step, outputs, events)
+        check_blocks(sched)
+        res.schedules.append(out)
+        res.steps = step + 1
+    return res
+
+
+def _arrivals(arrivals: Arrivals | None) -> Callable[[int], Sequence[Request]]:
+    if arrivals is None:
+        return lambda step: ()
+    if isinstance(arrivals, Mapping):
+        return lambda step: arrivals.get(step, ())
+    return arrivals
+
+
+def _record(res: RunResult, step: int, outputs: list[StepOutput], events: list) -> None:
+    sampled = {o.id: o.token for o in outputs}
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            assert sampled[ev.id] == ev.token, ev
+            res.outputs.setdefault(ev.id, []).append(ev.token)
+        else:
+            assert isinstance(ev, Finished), ev
+            assert ev.id not in res.reasons, f"{ev.id} finished twice"
+            res.reasons[ev.id] = ev.reason
+            res.finished_at[ev.id] = step
+
+
+def check_schedule(sched: Scheduler, out: ScheduleOutput, before: dict) -> None:
+    cfg = sched.cfg
+    ids = [ch.id for ch in out.prefill] + list(out.decode)
+    assert len(ids) == len(set(ids)), f"a request scheduled twice: {out}"
+    assert len(ids) <= cfg.max_seqs
+    tokens = len(out.decode) + sum(ch.length for ch in out.prefill)
+    runs_alone = len(ids) == 1 and out.prefill and isinstance(sched.prefill_policy, WholePrompt)
+    assert tokens <= cfg.max_batch_tokens or runs_alone, f"{tokens} tokens: {out}"
+    running = {e[0]: e for e in sched.snapshot()[6]}
+    assert len(running) <= cfg.max_seqs
+    B = sched.blocks.block_tokens()
+    for rid in out.decode:
+        _, n, c, table = running[rid]
+        assert n - c == 1 and len(table) * B >= n, (rid, n, c, table)
+    for ch in out.prefill:
+        _, n, c, table = running[ch.id]
+        assert ch.start == c and len(table) * B >= ch.start + ch.length, (ch, running[ch.id])
+        if ch.id in before and ch.id not in out.preempted:
+            assert before[ch.id][2] == c
+    for rid in out.preempted:
+        assert rid not in running or rid in {ch.id for ch in out.prefill}
+
+
+def check_blocks(sched: Scheduler) -> None:
+    """free + held == total, no block held twice, only running requests hold blocks."""
+    blocks = sched.blocks
+    running = {e[0] for e in sched.snapshot()[6]}
+    held = [b for rid in sched.unfinished() for b in blocks.block_table(rid)]
+    assert len(held) == len(set(held)), "a block is held twice"
+    assert all(not blocks.block_table(rid) for rid in sched.unfinished() if rid not in running)
+    assert blocks.free_blocks() + len(held) == blocks.total_blocks()

@@ -1,0 +1,40 @@
+"""python -m worker: the worker process (started by scripts/serve)."""
+import argparse
+import sys
+
+import zmq
+
+from core.lifeline import die_with_parent, sigterm_as_interrupt
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m worker")
+    p.add_argument("--to-core", required=True, help="the core's PULL endpoint for results")
+    p.add_argument("--from-core", required=True, help="the core's PUSH endpoint for batches")
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--kv-memory", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None)
+    a = p.parse_args(argv)
+    die_with_parent()
+    sigterm_as_interrupt()
+    from worker.load import make_runner  # torch loads after the lifeline is set
+    from worker.process import serve
+    runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
+                         kv_memory=a.kv_memory, block_size=a.block_size,
+                         max_model_len=a.max_model_len)
+    ctx = zmq.Context()
+    try:
+        serve(runner, ctx, a.to_core, a.from_core)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
