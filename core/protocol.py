@@ -12,7 +12,7 @@ import sys
 import types
 import typing
 from array import array
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any, Union
 
 import msgpack

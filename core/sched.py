@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from array import array
 from bisect import insort
-from dataclasses import dataclass, field
-from enum import Enum
 from operator import attrgetter
 from typing import Sequence
 
 from core.blocks import Allocation, BlockSpace, FreeListBlocks, NoCapacity
 from core.heap import LazyHeap
 from core.prefill import Chunked, PrefillPolicy, WholePrompt
+from core.sched_types import (AdmitError, Chunk, EmptyPrompt, FinishReason, Finished,
+                               InvalidRequest, MAX_PRIORITY, NeverFits, QueueFull, Request,
+                               RequestId, SchedPolicy, SchedStats, SchedulerConfig, ScheduleOutput,
+                               StepOutput, TokenEvent, TooLong)
 
 __all__ = [
     "RequestId", "BlockSpace", "FreeListBlocks", "NoCapacity", "Allocation",
@@ -24,149 +26,6 @@ __all__ = [
     "Chunk", "ScheduleOutput", "StepOutput", "FinishReason", "TokenEvent", "Finished",
     "SchedStats", "Scheduler", "MAX_PRIORITY",
 ]
-
-RequestId = int
-MAX_PRIORITY = 1000  # priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]
-
-
-class SchedPolicy(Enum):
-    FCFS = "fcfs"
-    PRIORITY = "priority"
-
-
-def _positive(name: str, value: object) -> None:
-    if type(value) is not int or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-@dataclass
-class SchedulerConfig:
-    """max_seqs, max_batch_tokens and max_waiting are read at every use and may be tuned
-    between steps; the other fields must not change once a Scheduler holds the config."""
-
-    max_seqs: int = 256
-    max_batch_tokens: int = 2048
-    max_waiting: int = 10000
-    policy: SchedPolicy = SchedPolicy.PRIORITY
-    aging_steps: int | None = 32     # None: strict priority
-    max_model_len: int = 2048
-    preempt_margin: int | None = None  # in priority levels; None: never preempt for arrivals
-
-    def __post_init__(self) -> None:
-        for name in ("max_seqs", "max_batch_tokens", "max_waiting", "max_model_len"):
-            _positive(name, getattr(self, name))
-        for name in ("aging_steps", "preempt_margin"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if isinstance(self.policy, str):
-            try:
-                self.policy = SchedPolicy(self.policy.lower())
-            except ValueError:
-                raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        elif not isinstance(self.policy, SchedPolicy):
-            raise ValueError(f"policy must be a SchedPolicy, got {self.policy!r}")
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    max_tokens: int
-    priority: int = 0
-
-
-class AdmitError(Exception):
-    """`add` refused the request; the scheduler is unchanged and no id was used."""
-
-
-class QueueFull(AdmitError):
-    def __init__(self, limit: int | None = None):
-        super().__init__(limit)
-        self.limit = limit
-
-    def __str__(self) -> str:
-        return f"waiting queue is full ({self.limit} requests)"
-
-
-class EmptyPrompt(AdmitError):
-    def __str__(self) -> str:
-        return "the prompt is empty"
-
-
-class TooLong(AdmitError):
-    def __init__(self, tokens: int, limit: int):
-        super().__init__(tokens, limit)
-        self.tokens = tokens
-        self.limit = limit
-
-    def __str__(self) -> str:
-        return (f"the prompt has {self.tokens} tokens; it must be shorter than the "
-                f"context limit of {self.limit}")
-
-
-class NeverFits(AdmitError):
-    def __init__(self, blocks: int, total: int):
-        super().__init__(blocks, total)
-        self.blocks = blocks
-        self.total = total
-
-    def __str__(self) -> str:
-        return (f"the request may need {self.blocks} KV blocks; the pool has only "
-                f"{self.total}")
-
-
-class InvalidRequest(AdmitError, ValueError):
-    """Wrong types or out-of-range arguments."""
-
-
-@dataclass(slots=True)
-class Chunk:
-    id: RequestId
-    start: int
-    length: int
-    last: bool  # the chunk reaches the newest token: its last row is sampled
-
-
-@dataclass(slots=True)
-class ScheduleOutput:
-    prefill: list[Chunk] = field(default_factory=list)
-    decode: list[RequestId] = field(default_factory=list)
-    preempted: list[RequestId] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class StepOutput:
-    id: RequestId
-    token: int
-    stop: bool = False
-
-
-class FinishReason(Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-
-
-@dataclass(slots=True)
-class TokenEvent:
-    id: RequestId
-    token: int
-
-
-@dataclass(slots=True)
-class Finished:
-    id: RequestId
-    reason: FinishReason
-
-
-@dataclass(frozen=True)
-class SchedStats:
-    running: int
-    waiting: int
-    free_blocks: int
-    total_blocks: int
-    steps: int          # schedule() calls so far
-    preemptions: int    # preemptions so far, preempt_all included
-    finished: int       # requests that left: completed (stop or length) plus aborted
 
 
 class _Req:
