@@ -74,6 +74,7 @@ class Router:
         # A send to a peer that is gone raises instead of being dropped silently: that
         # is how the frontend learns a client disappeared.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)  # a slow reader is not a vanished one
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         self.accept, self.max_bytes = accept, max_bytes

@@ -197,7 +197,7 @@ class StepEvents:
     """One step's output for the frontend: token i of the step belongs to rids[i]."""
     rids: I32
     tokens: I32
-    finished: list[list]          # [[rid, reason], ...], reason "stop" | "length" | "abort"
+    finished: list[list[Any]]     # [[rid, reason], ...], reason "stop" | "length" | "abort"
 
 
 @message("core_stats")
@@ -332,6 +332,8 @@ def _check(tp: Any, v: Any, where: str) -> Any:
         if len(v) % array(tp.TYPECODE).itemsize:
             raise ProtocolError(400, f"{where}: packed {tp.__name__} of odd length")
         return tp(v)
+    if tp is list:
+        tp, origin = list[Any], list
     if origin is list:
         if not isinstance(v, list):
             raise ProtocolError(400, f"{where}: expected list, got {type(v).__name__}")

@@ -1,0 +1,70 @@
+"""`python -m frontend`: run the frontend process (see frontend/process.py).
+
+Prints `READY <address>` on stdout once the core is ready and the tokenizer loaded.
+SIGTERM/SIGINT drain: new requests get 503, in-flight ones finish or are aborted after
+--drain-timeout seconds, then the process exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+import zmq
+
+from core.channel import is_loopback
+from core.protocol import DEFAULT_MAX_FRAME_BYTES
+from frontend.process import DEFAULT_ADDRESS, Frontend, FrontendConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m frontend", description=__doc__.split("\n")[0])
+    p.add_argument("--core-in", required=True,
+                   help="endpoint the core binds a PULL on (requests go there)")
+    p.add_argument("--core-out", required=True,
+                   help="endpoint the core binds a PUSH on (events come from there)")
+    p.add_argument("--address", default=DEFAULT_ADDRESS,
+                   help="where clients connect; tcp://127.0.0.1:0 picks a free port")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow binding a non-loopback address")
+    p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="frontend %(levelname)s %(message)s")
+    if not is_loopback(args.address):
+        if not args.allow_remote:
+            print(f"frontend: {args.address} is not a loopback address; "
+                  "pass --allow-remote to bind it", file=sys.stderr)
+            return 2
+        logging.warning("binding %s: the engine is reachable from other hosts "
+                        "(no authentication)", args.address)
+    if args.max_frame_bytes < 1 or args.drain_timeout < 0:
+        print("frontend: --max-frame-bytes must be >= 1 and --drain-timeout >= 0",
+              file=sys.stderr)
+        return 2
+    try:
+        fe = Frontend(FrontendConfig(args.core_in, args.core_out, args.address,
+                                     args.max_frame_bytes, args.drain_timeout))
+    except zmq.ZMQError as e:
+        print(f"frontend: cannot open {args.address}: {e}", file=sys.stderr)
+        return 1
+    signal.set_wakeup_fd(fe.wakeup.write_fd(), warn_on_full_buffer=False)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: fe.request_stop())
+    try:
+        return fe.run()
+    finally:
+        signal.set_wakeup_fd(-1)
+        fe.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The frontend process loop: clients on a ROUTER, the core on a PUSH/PULL pair.
+
+It validates and tokenizes Generate requests, forwards them to the core as AddRequest,
+and turns the core's StepEvents into per-request Deltas (detokenization, EOS, stop
+strings). It blocks on its sockets; the poll timeout is the next heartbeat or deadline.
+Every ~1 s it pings each client with unfinished requests; a send that fails means the
+client is gone, and its requests are aborted at the core.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from core.channel import Channel, Router, RouterError
+from core.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
+                           CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, I32,
+                           ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
+                           Stats, StatsQuery, StatsReply, StepEvents)
+from frontend.events import group_events
+from frontend.inflight import Inflight
+from frontend.request import RequestState
+from frontend.salvage import peek_request_id
+from frontend.tokenizer import Tokenizer
+from frontend.validate import InvalidRequest, check_params, check_prompt_ids
+from frontend.wakeup import Wakeup
+
+log = logging.getLogger("frontend")
+
+DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
+HEARTBEAT_S = 1.0
+BATCH = 256                 # messages taken from one socket before looking at the other
+CORE_SEND_TIMEOUT_MS = 5000  # a core that stops reading must not hang the frontend
+CLOSE_LINGER_MS = 1000      # let final deltas and aborts leave before the sockets close
+CLIENT_TYPES = (Generate, Abort, Stats, Ping)
+CORE_TYPES = (CoreReady, Rejected, StepEvents, CoreStats)
+
+
+@dataclass
+class FrontendConfig:
+    core_in: str
+    core_out: str
+    address: str = DEFAULT_ADDRESS
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    drain_timeout: float = 30.0
+
+
+class Frontend:
+    def __init__(self, cfg: FrontendConfig):
+        self.cfg = cfg
+        self._ctx = zmq.Context()
+        self.router = Router(self._ctx, cfg.address, accept=CLIENT_TYPES,
+                             max_bytes=cfg.max_frame_bytes)
+        self.core_in = Channel(self._ctx, zmq.PUSH, cfg.core_in, bind=False)
+        self.core_in.sock.setsockopt(zmq.SNDTIMEO, CORE_SEND_TIMEOUT_MS)
+        self.core_out = Channel(self._ctx, zmq.PULL, cfg.core_out, bind=False,
+                                accept=CORE_TYPES,
+                                max_bytes=max(cfg.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES))
+        self.wakeup = Wakeup()
+        self.info: ModelInfo | None = None
+        self.tokenizer: Tokenizer | None = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._pids: dict[str, int] = {}   # core and worker, from CoreReady
+        self.inflight = Inflight()
+        self._next_rid = 0
+        self._next_qid = 0
+        self._stats_waiters: dict[int, bytes] = {}
+        self._stop_signals = 0
+        self._drain_deadline: float | None = None
+        self._exit_code: int | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def request_stop(self) -> None:
+        """Signal-handler safe: the loop drains on the first call, hurries on the next."""
+        self._stop_signals += 1
+
+    def run(self) -> int:
+        Tokenizer.preload()  # imports transformers while the core is still starting
+        poller = zmq.Poller()
+        poller.register(self.core_out.sock, zmq.POLLIN)
+        poller.register(self.router.sock, zmq.POLLIN)
+        poller.register(self.wakeup.read_fd(), zmq.POLLIN)
+        next_beat = time.monotonic() + HEARTBEAT_S
+        while True:
+            now = time.monotonic()
+            if now >= next_beat:
+                self._heartbeat()
+                next_beat = now + HEARTBEAT_S
+            self._check_drain(now)
+            if self._exit_code is not None:
+                return self._exit_code
+            ready = dict(poller.poll(self._poll_ms(next_beat)))
+            if self.core_out.sock in ready:
+                self._pump(self.core_out.recv, self._on_core)
+            if self.router.sock in ready:
+                self._pump(self.router.recv, self._on_client_frame)
+            if self.wakeup.read_fd() in ready:
+                self.wakeup.clear()
+
+    def close(self) -> None:
+        for ch in (self.router, self.core_in, self.core_out):
+            ch.sock.close(linger=CLOSE_LINGER_MS)  # Channel.close would drop what is queued
+        self._ctx.term()
+        self.wakeup.close()
+
+    def _poll_ms(self, next_beat: float) -> int:
+        due = next_beat if self._drain_deadline is None else min(next_beat, self._drain_deadline)
+        return max(0, int((due - time.monotonic()) * 1000) + 1)
+
+    def _pump(self, recv, handle) -> None:
+        """Take up to BATCH messages; a bad one is logged and never stops the loop."""
+        for _ in range(BATCH):
+            try:
+                handle(recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except RouterError as e:
+                self._on_bad_client_frame(e)
+            except ProtocolError as e:
+                log.warning("dropped a bad frame from the core: %s", e)
+            except Exception:
+                log.exception("error while handling a message")
+
+    # ------------------------------------------------------------ drain
+
+    def _check_drain(self, now: float) -> None:
+        if self._stop_signals and self._drain_deadline is None:
+            log.info("draining: %d request(s) in flight", len(self.inflight))
+            self._drain_deadline = now + self.cfg.drain_timeout
+            if self.info is not None:
+                self._to_core(Drain())
+        if self._drain_deadline is None:
+            return
+        if self._stop_signals > 1:
+            self._drain_deadline = min(self._drain_deadline, now)
+        if not len(self.inflight) or now >= self._drain_deadline:
+            for st in self.inflight:
+                self._abort(st, tell_client=True)
+            self._exit_code = 0
+
+    # ------------------------------------------------------------ clients
+
+    def _on_client_frame(self, item) -> None:
+        ident, msg = item
+        if isinstance(msg, Generate):
+            self._on_generate(ident, msg)
+        elif isinstance(msg, Abort):
+            st = self.inflight.by_key(ident, msg.request_id)
+            if st is not None:
+                self._abort(st, tell_client=True)
+        elif isinstance(msg, Stats):
+            self._on_stats(ident)
+        elif isinstance(msg, Ping):
+            self.router.send(ident, Pong())
+
+    def _on_bad_client_frame(self, e: RouterError) -> None:
+        request_id = peek_request_id(e.frame)
+        log.warning("bad frame from client %s (request %r): %s",
+                    e.ident.hex(), request_id, e.error)
+        self.router.send(e.ident, ErrorReply(request_id, e.error.code, e.error.message))
+
+    def _on_generate(self, ident: bytes, msg: Generate) -> None:
+        if self.info is None or self.tokenizer is None:
+            return self._error(ident, msg.request_id, 503, "engine not ready")
+        if self._drain_deadline is not None:
+            return self._error(ident, msg.request_id, 503, "shutting down")
+        if self.inflight.by_key(ident, msg.request_id) is not None:
+            return self._error(ident, msg.request_id, 400,
+                               f"duplicate request_id {msg.request_id!r}")
+        try:
+            check_params(msg)
+            ids = (self.tokenizer.encode(msg.prompt) if isinstance(msg.prompt, str)
+                   else msg.prompt)
+            check_prompt_ids(ids, self.info)
+        except InvalidRequest as e:
+            return self._error(ident, msg.request_id, e.code, str(e))
+        st = RequestState(ident, msg.request_id, self._next_rid, list(ids),
+                          self.tokenizer.decode, list(msg.stop or ()),
+                          self._eos_ids, msg.ignore_eos)
+        self._next_rid += 1
+        add = AddRequest(st.rid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
+                         SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed),
+                         msg.ignore_eos)
+        if not self._to_core(add):
+            return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
+        self.inflight.add(st)
+
+    def _on_stats(self, ident: bytes) -> None:
+        if self.info is None:
+            return self._error(ident, None, 503, "engine not ready")
+        qid, self._next_qid = self._next_qid, self._next_qid + 1
+        if self._to_core(StatsQuery(qid)):
+            self._stats_waiters[qid] = ident
+        else:
+            self._error(ident, None, 503, "the core is not answering")
+
+    def _error(self, ident: bytes, request_id: str | None, code: int, message: str) -> None:
+        self.router.send(ident, ErrorReply(request_id, code, message))
+
+    def _send_delta(self, ident: bytes, delta: Delta) -> None:
+        if not self.router.send(ident, delta):
+            self._client_gone(ident)
+
+    def _heartbeat(self) -> None:
+        for ident in self.inflight.clients():
+            if not self.router.send(ident, Pong()):
+                self._client_gone(ident)
+
+    def _client_gone(self, ident: bytes) -> None:
+        gone = self.inflight.of_client(ident)
+        if gone:
+            log.info("client %s is gone: aborting %d request(s)", ident.hex(), len(gone))
+        for st in gone:
+            self._abort(st, tell_client=False)
+
+    def _abort(self, st: RequestState, *, tell_client: bool) -> None:
+        self.inflight.remove(st)
+        self._to_core(AbortRequest(st.rid))
+        if tell_client:
+            self.router.send(st.ident, st.step([], "abort").delta)
+
+    # ------------------------------------------------------------ core
+
+    def _to_core(self, msg) -> bool:
+        try:
+            self.core_in.send(msg)
+            return True
+        except zmq.Again:
+            log.error("the core did not take %s within %d ms", type(msg).__name__,
+                      CORE_SEND_TIMEOUT_MS)
+            return False
+
+    def _on_core(self, msg) -> None:
+        if isinstance(msg, StepEvents):
+            self._on_events(msg)
+        elif isinstance(msg, Rejected):
+            st = self.inflight.by_rid(msg.rid)
+            if st is not None:
+                self.inflight.remove(st)
+                self._error(st.ident, st.request_id, msg.code, msg.message)
+        elif isinstance(msg, CoreStats):
+            self._on_core_stats(msg)
+        elif isinstance(msg, CoreReady):
+            self._on_ready(msg)
+
+    def _on_events(self, ev: StepEvents) -> None:
+        for rid, tokens, reason in group_events(ev):
+            st = self.inflight.by_rid(rid)
+            if st is None:
+                continue  # finished or aborted here already
+            out = st.step(tokens, reason)
+            if out.done:
+                self.inflight.remove(st)
+            if out.abort_core:
+                self._to_core(AbortRequest(rid))
+            self._send_delta(st.ident, out.delta)
+
+    def _on_core_stats(self, msg: CoreStats) -> None:
+        ident = self._stats_waiters.pop(msg.qid, None)
+        if ident is None:
+            return
+        stats = dict(msg.stats)
+        stats.setdefault("max_model_len", self.info.max_model_len)
+        core_pids = stats.get("pids") if isinstance(stats.get("pids"), dict) else {}
+        stats["pids"] = {**self._pids, **core_pids, "frontend": os.getpid()}
+        self.router.send(ident, StatsReply(stats))
+
+    def _on_ready(self, msg: CoreReady) -> None:
+        self._pids.update(core=msg.pid, worker=msg.worker_pid)
+        first = self.info is None
+        self.info, self._eos_ids = msg.info, frozenset(msg.info.eos_ids)
+        if not first:
+            log.info("the core is ready again (worker pid %d)", msg.worker_pid)
+            return
+        try:
+            self.tokenizer = Tokenizer.load(msg.info.tokenizer)
+        except Exception as e:
+            log.error("cannot load the tokenizer %r: %s", msg.info.tokenizer, e)
+            self._exit_code = 1
+            return
+        print(f"READY {self.router.address}", flush=True)

@@ -1,0 +1,76 @@
+"""AsyncClient against a real frontend process and the fake core."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from frontend.client import AsyncClient, ClientError
+from tests.fake_core import running_engine
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    with running_engine(tmp_path_factory.mktemp("async")) as e:
+        yield e
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_32_concurrent_requests(engine):
+    async def main():
+        async with AsyncClient(engine.address, timeout=10) as c:
+            prompts = [f"request {i} é€" for i in range(32)]
+            results = await asyncio.gather(*(c.generate(p, max_tokens=100) for p in prompts))
+            assert [r.text for r in results] == prompts
+            assert all(r.finish_reason == "stop" for r in results)
+            assert len({r.request_id for r in results}) == 32
+
+    run(main())
+
+
+def test_streams_and_stats_together(engine):
+    async def collect(c, prompt):
+        return "".join([d.text async for d in c.stream(prompt, max_tokens=100)])
+
+    async def main():
+        async with AsyncClient(engine.address, timeout=10) as c:
+            out = await asyncio.gather(*(collect(c, f"s{i}") for i in range(8)),
+                                       c.stats(), c.stats())
+            assert out[:8] == [f"s{i}" for i in range(8)]
+            assert all("steps" in stats for stats in out[8:])
+
+    run(main())
+
+
+def test_abort_and_abandon(engine):
+    async def main():
+        async with AsyncClient(engine.address, timeout=10) as c:
+            s = c.stream("slow abcdefgh", max_tokens=100, request_id="a-abort")
+            await s.__anext__()
+            await c.abort("a-abort")
+            rest = [d async for d in s]
+            assert rest[-1].finish_reason == "abort"
+            async for _ in c.stream("slow abcdefgh", max_tokens=100, request_id="a-leave"):
+                break
+            await asyncio.sleep(0.05)  # the dropped generator's aclose runs on the loop
+            for rid in ("a-abort", "a-leave"):
+                got = await asyncio.to_thread(engine.core.abort_of, engine.rid(rid))
+                assert got is not None, rid
+
+    run(main())
+
+
+def test_errors(engine):
+    async def main():
+        async with AsyncClient(engine.address, timeout=0.5) as c:
+            for kwargs, code in ((dict(prompt="reject"), 429), (dict(prompt=""), 400),
+                                 (dict(prompt="hang"), 503), (dict(prompt="x", top_k=-2), 400)):
+                with pytest.raises(ClientError) as e:
+                    await c.generate(**kwargs)
+                assert e.value.code == code, kwargs
+            assert (await c.generate("ok")).text == "ok"
+
+    run(main())

@@ -1,0 +1,86 @@
+"""Incremental detokenization equals a full decode, step by step, characters never split."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frontend.detok import Detokenizer
+
+
+def byte_decode(ids) -> str:
+    """What a byte-level tokenizer's decode does: bytes, invalid UTF-8 as U+FFFD."""
+    return bytes(ids).decode("utf-8", "replace")
+
+
+WORDS = ["▁the", "▁cat", "s", "▁a", "t", "▁", "é", "▁€"]
+
+
+def metaspace_decode(ids) -> str:
+    """SentencePiece-like: "▁" is a space, and a decode drops the leading space."""
+    text = "".join(WORDS[i] for i in ids).replace("▁", " ")
+    return text[1:] if text.startswith(" ") else text
+
+
+def run(decode, prompt, chunks) -> tuple[list[str], str]:
+    d = Detokenizer(decode, prompt)
+    pieces = [d.push(c) for c in chunks]
+    return pieces, d.flush()
+
+
+text_bytes = st.text(max_size=12).map(lambda s: list(s.encode()))
+any_bytes = st.lists(st.integers(0, 255), max_size=24)
+# Mostly valid UTF-8 with multibyte characters, sometimes raw (possibly invalid) bytes.
+output = st.one_of(text_bytes, any_bytes,
+                   st.lists(st.one_of(text_bytes, any_bytes), max_size=4).map(
+                       lambda parts: [b for p in parts for b in p]))
+
+
+def split(ids: list[int], cuts: list[int]) -> list[list[int]]:
+    points = sorted({c % (len(ids) + 1) for c in cuts} | {0, len(ids)})
+    return [ids[a:b] for a, b in zip(points, points[1:])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=text_bytes, out=output, cuts=st.lists(st.integers(0, 100), max_size=10))
+def test_bytes_incremental_equals_full_decode(prompt, out, cuts):
+    pieces, rest = run(byte_decode, prompt, split(out, cuts))
+    assert "".join(pieces) + rest == byte_decode(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(out=output)
+def test_one_token_per_step_never_splits_a_character(out):
+    pieces, rest = run(byte_decode, [], [[b] for b in out])
+    full = byte_decode(out)
+    assert "".join(pieces) + rest == full
+    if "\ufffd" not in full:
+        assert all("\ufffd" not in p for p in pieces)
+
+
+def test_multibyte_held_until_complete():
+    d = Detokenizer(byte_decode, list(b"hi "))
+    euro = list("€".encode())
+    assert [d.push([b]) for b in euro] == ["", "", "€"]
+    assert d.push(list(b"!")) == "!"
+    assert d.flush() == ""
+
+
+def test_incomplete_character_flushed_as_replacement():
+    d = Detokenizer(byte_decode)
+    assert d.push([0xE2, 0x82]) == ""
+    assert d.flush() == "\ufffd"
+
+
+def test_prompt_ending_inside_a_character_gives_no_context():
+    d = Detokenizer(byte_decode, [0x61, 0xE2])
+    assert d.push([0x82, 0xAC, 0x62]) == byte_decode([0x82, 0xAC, 0x62])
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=st.lists(st.integers(0, len(WORDS) - 1), min_size=1, max_size=8),
+       out=st.lists(st.integers(0, len(WORDS) - 1), max_size=12),
+       cuts=st.lists(st.integers(0, 100), max_size=6))
+def test_context_dependent_decoder_matches_decode_with_prompt(prompt, out, cuts):
+    pieces, rest = run(metaspace_decode, prompt, split(out, cuts))
+    whole, head = metaspace_decode(prompt + out), metaspace_decode(prompt)
+    assert "".join(pieces) + rest == whole[len(head):]

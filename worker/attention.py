@@ -1,0 +1,98 @@
+"""Paged attention plugged into transformers models as attn_implementation="tl_paged".
+
+The model runs all sequences of a step flattened as one row of T tokens. Every layer's
+attention call writes the step's K/V into the paged cache at the slot mapping, then
+attends from the cache: the leading run of one-token sequences (decodes) in one masked
+SDPA call, each longer chunk alone with a causal mask offset by its cached prefix.
+
+GQA never expands the cache: the query heads sharing a KV head are folded into the query
+length (query head h = kv_head * rep + r, transformers' layout), so SDPA sees KV heads only.
+
+No mask function is registered for "tl_paged": transformers 5.24 then builds no attention
+mask at all (create_causal_mask returns None for attention names it has no mask for).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+NAME = "tl_paged"
+KWARG = "tl_paged"  # the model(...) keyword that carries the PagedStep to every layer
+
+
+@dataclass
+class Chunk:
+    """A sequence of more than one query token: tokens [begin, end) of the step."""
+    begin: int
+    end: int
+    slots: torch.Tensor        # [context] cache slots of positions 0..context-1
+    mask: torch.Tensor         # [rep * length, context] bool, True = attend
+
+
+@dataclass
+class PagedStep:
+    kv: torch.Tensor           # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
+    slot_mapping: torch.Tensor # [T] long, where each query token's K/V go
+    num_decode: int            # the first num_decode tokens are one-token sequences
+    decode_tables: torch.Tensor  # [num_decode, width] long block ids
+    decode_mask: torch.Tensor    # [num_decode, 1, 1, width * block_size] bool
+    chunks: list[Chunk]
+
+
+def paged_attention(module, query, key, value, attention_mask=None, scaling=None, **kwargs):
+    """query [1, H, T, D], key/value [1, KVH, T, D] -> ([1, T, H, D], None)."""
+    step: PagedStep = kwargs[KWARG]
+    _, heads, tokens, dim = query.shape
+    rep = heads // key.shape[1]
+    cache = step.kv[module.layer_idx]                           # [2, N, B, KVH, D]
+    flat = cache.view(2, -1, cache.shape[-2], dim)              # [2, N * B, KVH, D]
+    flat[0].index_copy_(0, step.slot_mapping, key[0].transpose(0, 1))
+    flat[1].index_copy_(0, step.slot_mapping, value[0].transpose(0, 1))
+
+    q = query[0]                                                # [H, T, D]
+    nd = step.num_decode
+    if nd == tokens:
+        return _decode(q, cache, step, rep, scaling).unsqueeze(0), None
+    out = query.new_empty(tokens, heads, dim)
+    if nd:
+        out[:nd] = _decode(q[:, :nd], cache, step, rep, scaling)
+    for c in step.chunks:
+        out[c.begin:c.end] = _chunk(q[:, c.begin:c.end], flat, c, rep, scaling)
+    return out.unsqueeze(0), None
+
+
+def _decode(q, cache, step: PagedStep, rep: int, scaling) -> torch.Tensor:
+    """q [H, n, D] for n one-token sequences -> [n, H, D]."""
+    heads, n, dim = q.shape
+    qg = q.transpose(0, 1).reshape(n, heads // rep, rep, dim)   # [n, KVH, rep, D]
+    k = _gather(cache[0], step.decode_tables)                   # [n, KVH, L, D]
+    v = _gather(cache[1], step.decode_tables)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=step.decode_mask, scale=scaling)
+    return o.reshape(n, heads, dim)
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """Whole blocks along dim 0 (a row memcpy each; index_select along any other dim of
+    the pool is several times slower)."""
+    n, width = tables.shape
+    _, block, kv_heads, dim = cache.shape
+    blocks = cache.index_select(0, tables.reshape(-1))         # [n * W, B, KVH, D]
+    return blocks.view(n, width * block, kv_heads, dim).transpose(1, 2)
+
+
+def _chunk(q, flat, c: Chunk, rep: int, scaling) -> torch.Tensor:
+    """q [H, m, D] for one sequence's m query tokens -> [m, H, D]."""
+    heads, m, dim = q.shape
+    qg = q.reshape(heads // rep, rep * m, dim)
+    k = flat[0].index_select(0, c.slots).transpose(0, 1)        # [KVH, ctx, D]
+    v = flat[1].index_select(0, c.slots).transpose(0, 1)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=c.mask, scale=scaling)
+    return o.view(heads, m, dim).transpose(0, 1)
+
+
+def register() -> None:
+    """Idempotent: AttentionInterface keeps one global mapping."""
+    AttentionInterface.register(NAME, paged_attention)

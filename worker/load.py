@@ -1,0 +1,91 @@
+"""Model resolution and runner construction. Nothing is ever downloaded."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from core.protocol import ModelInfo
+from worker.presets import PRESETS, preset_dir
+
+DTYPES = ("float32", "bfloat16")
+
+
+def resolve_model(name: str) -> Path:
+    """A preset name -> its (written-once) directory; anything else must be a local HF dir."""
+    if name in PRESETS:
+        return preset_dir(name)
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{name!r} is not a preset ({', '.join(PRESETS)}) "
+                                "nor a local checkpoint directory with a config.json")
+    return path
+
+
+def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
+                num_blocks: int | None = None, kv_memory: int | None = None,
+                block_size: int = 16, max_model_len: int | None = None):
+    """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
+    The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default."""
+    if model == "null":
+        from worker.null import NullRunner
+        return NullRunner(num_blocks=num_blocks or 256, block_size=block_size,
+                          max_model_len=max_model_len or 2048,
+                          tokenizer=str(preset_dir("tiny")))
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}")
+    import torch
+
+    from worker import kv
+    from worker.runner import ModelRunner
+
+    path = resolve_model(model)
+    hf = load_model(path, device, dtype)
+    cfg, torch_dtype = hf.config, getattr(torch, dtype)
+    limit = _context_limit(cfg, max_model_len)
+    shape = kv.kv_shape(cfg)
+    blocks = kv.size_pool(shape, block_size, torch_dtype, limit, num_blocks, kv_memory)
+    cache = kv.allocate(shape, blocks, block_size, torch_dtype, hf.device)
+    info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
+                     vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
+                     device=str(hf.device), tokenizer=str(path))
+    return ModelRunner(hf, cache, info)
+
+
+def load_model(path: Path, device: str = "cpu", dtype: str = "float32"):
+    """The checkpoint as a transformers model whose attention is the paged one."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from worker import attention
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda requested but torch sees no CUDA device")
+    attention.register()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                              local_files_only=True,
+                                              attn_implementation=attention.NAME)
+    return hf.to(dev).eval()
+
+
+def _context_limit(cfg, requested: int | None) -> int:
+    """At most the model's positions; a sliding window also caps it, since the paged
+    attention is full attention and equals windowed attention only within the window."""
+    limit = cfg.max_position_embeddings
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True):
+        limit = min(limit, window)
+    if requested is not None:
+        if requested > limit:
+            raise ValueError(f"max_model_len {requested} exceeds the model's limit {limit}")
+        limit = requested
+    return limit
+
+
+def _eos_ids(hf) -> list[int]:
+    for src in (hf.generation_config, hf.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if eos is not None:
+            return sorted({eos} if isinstance(eos, int) else set(eos))
+    return []

@@ -1,0 +1,40 @@
+"""ModelRunner: one HF causal LM, its paged KV pool, and the sampler."""
+from __future__ import annotations
+
+import torch
+
+from core.protocol import I32, ForwardBatch, ModelInfo
+from worker.attention import KWARG
+from worker.sampler import SampleParams, sample
+from worker.step import build_step
+
+
+class ModelRunner:
+    """Stateless apart from the KV tensor: every ForwardBatch carries all a step needs."""
+
+    def __init__(self, model, kv: torch.Tensor, info: ModelInfo):
+        self.model = model
+        self.kv = kv
+        self.info = info
+        cfg = model.config
+        self._rep = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None)
+                                                or cfg.num_attention_heads)
+
+    @torch.inference_mode()
+    def logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """[num_sample_rows, vocab] logits of the sampled rows, in sample_rows order."""
+        if batch.num_tokens == 0:
+            return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
+        s = build_step(batch, self.kv, self._rep)
+        out = self.model(input_ids=s.input_ids, position_ids=s.positions, use_cache=False,
+                         logits_to_keep=s.keep, **{KWARG: s.paged})
+        return out.logits[0]
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> I32:
+        """One token per sample row, in sample_rows order."""
+        logits = self.logits(batch)
+        if logits.shape[0] == 0:
+            return I32()
+        tokens = sample(logits, SampleParams.from_batch(batch)).to(torch.int32)
+        return I32(tokens.numpy().tobytes())

@@ -1,0 +1,67 @@
+"""A ForwardBatch's packed arrays as the tensors one forward pass needs, built once per step."""
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import torch
+
+from core.protocol import ForwardBatch
+from worker.attention import Chunk, PagedStep
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor    # [1, T] long
+    positions: torch.Tensor    # [1, T] long
+    keep: torch.Tensor         # [R] long: the token index whose logits each sample row uses
+    paged: PagedStep
+
+
+def as_tensor(a: array, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-copy view of a packed array (frombuffer refuses empty buffers)."""
+    if len(a) == 0:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(a, dtype=dtype)
+
+
+def _long(a: array) -> torch.Tensor:
+    return as_tensor(a, torch.int32).long()
+
+
+def build_step(batch: ForwardBatch, kv: torch.Tensor, rep: int) -> StepInputs:
+    """`rep` = query heads per KV head (the chunk masks are tiled to the folded query)."""
+    device = kv.device
+    block_size = kv.shape[3]
+    qs = _long(batch.query_start)
+    ctx = _long(batch.context_lens)
+    slots = _long(batch.slot_mapping)
+    if len(slots) and int(slots.max()) >= kv.shape[2] * block_size:
+        raise ValueError("slot_mapping points past the KV pool")
+    tables = _long(batch.block_tables).view(batch.num_seqs, batch.table_width)
+    qlen = qs[1:] - qs[:-1]
+    multi = (qlen != 1).nonzero()  # the leading one-token sequences take the decode path
+    nd = int(multi[0, 0]) if len(multi) else batch.num_seqs
+
+    width = -(-int(ctx[:nd].max()) // block_size) if nd else 0
+    decode_mask = torch.arange(width * block_size) < ctx[:nd, None]
+    chunks = [_chunk(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, rep, device)
+              for i in range(nd, batch.num_seqs)]
+    keep = qs[1:][_long(batch.sample_rows)] - 1
+    paged = PagedStep(kv=kv, slot_mapping=slots.to(device), num_decode=nd,
+                      decode_tables=tables[:nd, :width].to(device),
+                      decode_mask=decode_mask.view(nd, 1, 1, -1 if nd else 0).to(device),
+                      chunks=chunks)
+    return StepInputs(input_ids=_long(batch.input_ids).view(1, -1).to(device),
+                      positions=_long(batch.positions).view(1, -1).to(device),
+                      keep=keep.to(device), paged=paged)
+
+
+def _chunk(begin: int, end: int, context: int, table: torch.Tensor, block_size: int, rep: int,
+           device) -> Chunk:
+    """Query token i sits at position start + i and sees positions <= start + i."""
+    start = context - (end - begin)
+    pos = torch.arange(context)
+    slots = table[pos // block_size] * block_size + pos % block_size
+    mask = pos[None, :] <= torch.arange(start, context)[:, None]
+    return Chunk(begin, end, slots.to(device), mask.repeat(rep, 1).to(device))
