@@ -120,6 +120,11 @@ class Engine:
         self.log.finish(rid, step, "abort", live.output)
         return True
 
+    def abort_all(self) -> None:
+        """Shutting down: every unfinished request is aborted (and its blocks freed)."""
+        for rid in list(self.live):
+            self.abort(rid)
+
     def restart(self) -> list[int]:
         """A new worker: every running request is preempted and later recomputed."""
         self.log.input(self.step_no, "restart", None)
@@ -139,10 +144,14 @@ class Engine:
         return batch
 
     def commit(self, tokens) -> list:
-        """Apply the worker's tokens for the planned step; returns the scheduler's events."""
+        """Apply the worker's tokens for the planned step; returns the scheduler's events.
+
+        tokens=None abandons the step (its worker died): no outputs; the restart that
+        follows preempts every running request, which then recomputes."""
         out, step, t0 = self._planned
         self._planned = None
-        ids = sampled_ids(out)
+        ids = sampled_ids(out) if tokens is not None else []
+        tokens = tokens if tokens is not None else []
         if len(ids) != len(tokens):
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
         outputs = [StepOutput(rid, tok, self._is_eos(rid, tok)) for rid, tok in zip(ids, tokens)]

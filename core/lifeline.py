@@ -26,3 +26,19 @@ def _interrupt(signum, frame):
 
 def sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pid_alive(pid: int) -> bool:
+    """False once `pid` has exited, also while it is a zombie its parent has not reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False

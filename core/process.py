@@ -7,6 +7,7 @@ loop blocks on its sockets. The core never imports torch or transformers.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -15,6 +16,7 @@ import zmq
 from core.channel import Channel
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
+from core.lifeline import pid_alive
 from core.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, I32,
                            ProtocolError, Rejected, Shutdown, StatsQuery, StepEvents,
                            StepResult, WorkerReady)
@@ -22,8 +24,23 @@ from core.steplog import StepLog
 from core.sched import AdmitError, Finished, QueueFull, Request, TokenEvent
 
 
+WORKER_CHECK_S = 0.1     # how often the worker's pid is checked while a step runs
+RESTART_WAIT_S = 300.0   # how long the core waits for a replacement worker
+
+
 class WorkerLost(Exception):
-    """The worker did not answer a step within the step timeout."""
+    """No worker came back after one died (serve gave up on restarting it)."""
+
+
+class WorkerDied(Exception):
+    """The worker died, or hung past the step timeout (and was killed), mid-step."""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _log(msg: str) -> None:
@@ -46,14 +63,32 @@ class CoreLoop:
         self.info = None
         self.stopping = False
         self.log: StepLog | None = None
+        self._ready_pending: WorkerReady | None = None
 
     # ---- start-up
 
-    def wait_worker(self) -> None:
-        while True:
-            msg = self.wk_in.recv()
+    def wait_worker(self, timeout: float | None = None) -> WorkerReady:
+        """The next WorkerReady; frontend inputs are served meanwhile once the engine runs."""
+        if self._ready_pending is not None:
+            msg, self._ready_pending = self._ready_pending, None
+            return msg
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while deadline is None or time.monotonic() < deadline:
+            if self.engine is not None:
+                self.drain_inputs(block_ms=0)
+            if not self.wk_in.poll(100):
+                continue
+            try:
+                msg = self.wk_in.recv()
+            except ProtocolError as e:
+                _log(f"dropped a bad frame from the worker: {e}")
+                continue
             if isinstance(msg, WorkerReady):
-                break
+                return msg
+        raise WorkerLost(f"no worker came back within {timeout:.0f}s")
+
+    def start(self) -> None:
+        msg = self.wait_worker()
         self.info, self.worker_pid = msg.info, msg.pid
         if self.cfg.log:
             self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info))
@@ -61,13 +96,31 @@ class CoreLoop:
         self.fe_out.send(CoreReady(info=msg.info, pid=os.getpid(), worker_pid=msg.pid))
         _log(f"ready: {msg.info.model}, {msg.info.num_blocks} blocks of {msg.info.block_size}")
 
+    def replace_worker(self, why: str, abandon: bool = True) -> None:
+        """The step in flight (if any) is abandoned; a new worker recomputes every running
+        request from its prompt and generated tokens."""
+        t0 = time.monotonic()
+        _log(f"worker {self.worker_pid} lost ({why}); waiting for a new one")
+        if abandon:
+            self.engine.commit(None)
+        msg = self.wait_worker(RESTART_WAIT_S)
+        if (msg.info.num_blocks, msg.info.block_size) != (self.info.num_blocks, self.info.block_size):
+            raise WorkerLost("the new worker's KV pool differs from the old one's")
+        self.worker_pid = msg.pid
+        preempted = self.engine.restart()
+        self.fe_out.send(CoreReady(info=msg.info, pid=os.getpid(), worker_pid=msg.pid))
+        _log(f"worker {msg.pid} took over after {time.monotonic() - t0:.2f}s;"
+             f" {len(preempted)} request(s) will recompute")
+
     # ---- the loop
 
     def run(self) -> None:
-        self.wait_worker()
+        self.start()
         while not self.stopping:
             busy = self.engine.sched.has_unfinished()
             self.drain_inputs(block_ms=0 if busy else 1000)
+            if not busy and not pid_alive(self.worker_pid):
+                self.replace_worker("it exited while idle", abandon=False)
             if self.engine.sched.has_unfinished():
                 self.step()
         self.wk_out.send(Shutdown())
@@ -109,20 +162,32 @@ class CoreLoop:
 
     def step(self) -> None:
         batch = self.engine.plan()
-        tokens = self.forward(batch) if batch.num_seqs else []
-        events = self.engine.commit(tokens)
-        self.publish(events)
+        try:
+            tokens = self.forward(batch) if batch.num_seqs else []
+        except WorkerDied as e:
+            self.replace_worker(str(e))
+            return
+        self.publish(self.engine.commit(tokens))
 
     def forward(self, batch) -> I32:
+        """The worker's tokens for `batch`; WorkerDied if it dies or hangs meanwhile."""
         self.wk_out.send(batch)
         deadline = time.monotonic() + self.cfg.step_timeout
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.wk_in.poll(int(left * 1000) + 1):
-                raise WorkerLost(f"no result for step {batch.step} in {self.cfg.step_timeout}s")
-            msg = self.wk_in.recv()
-            if isinstance(msg, StepResult) and msg.step == batch.step:
-                return msg.tokens
+            if self.wk_in.poll(int(WORKER_CHECK_S * 1000)):
+                msg = self.wk_in.recv()
+                if isinstance(msg, StepResult) and msg.step == batch.step:
+                    if len(msg.tokens) != len(batch.sample_rows):
+                        raise WorkerDied(f"bad result for step {batch.step}")
+                    return msg.tokens
+                if isinstance(msg, WorkerReady):  # a new worker: the old one is gone
+                    self._ready_pending = msg
+                    raise WorkerDied("a new worker announced itself")
+            if not pid_alive(self.worker_pid):
+                raise WorkerDied(f"it exited during step {batch.step}")
+            if time.monotonic() > deadline:
+                _kill(self.worker_pid)
+                raise WorkerDied(f"step {batch.step} took over {self.cfg.step_timeout}s")
 
     def publish(self, events: list) -> None:
         rids, tokens, finished = I32(), I32(), []
@@ -149,6 +214,8 @@ class CoreLoop:
                 "pids": {"core": os.getpid(), "worker": self.worker_pid}}
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.abort_all()
         if self.log is not None:
             self.log.close()
         for ch in (self.fe_in, self.fe_out, self.wk_in, self.wk_out):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import zmq
 
 from core.channel import Channel, Router, RouterError
+from core.lifeline import pid_alive
 from core.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
                            CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, I32,
                            ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
@@ -32,6 +33,7 @@ log = logging.getLogger("frontend")
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
 HEARTBEAT_S = 1.0
+CORE_CHECK_S = 0.25          # how often the core's pid is checked (503s within 2 s of its death)
 BATCH = 256                 # messages taken from one socket before looking at the other
 CORE_SEND_TIMEOUT_MS = 5000  # a core that stops reading must not hang the frontend
 CLOSE_LINGER_MS = 1000      # let final deltas and aborts leave before the sockets close
@@ -71,6 +73,7 @@ class Frontend:
         self._stop_signals = 0
         self._drain_deadline: float | None = None
         self._exit_code: int | None = None
+        self.core_dead = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -85,15 +88,19 @@ class Frontend:
         poller.register(self.router.sock, zmq.POLLIN)
         poller.register(self.wakeup.read_fd(), zmq.POLLIN)
         next_beat = time.monotonic() + HEARTBEAT_S
+        next_check = time.monotonic() + CORE_CHECK_S
         while True:
             now = time.monotonic()
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + HEARTBEAT_S
+            if now >= next_check:
+                self._check_core()
+                next_check = now + CORE_CHECK_S
             self._check_drain(now)
             if self._exit_code is not None:
                 return self._exit_code
-            ready = dict(poller.poll(self._poll_ms(next_beat)))
+            ready = dict(poller.poll(self._poll_ms(min(next_beat, next_check))))
             if self.core_out.sock in ready:
                 self._pump(self.core_out.recv, self._on_core)
             if self.router.sock in ready:
@@ -164,6 +171,8 @@ class Frontend:
         self.router.send(e.ident, ErrorReply(request_id, e.error.code, e.error.message))
 
     def _on_generate(self, ident: bytes, msg: Generate) -> None:
+        if self.core_dead:
+            return self._error(ident, msg.request_id, 503, "the engine's core process died")
         if self.info is None or self.tokenizer is None:
             return self._error(ident, msg.request_id, 503, "engine not ready")
         if self._drain_deadline is not None:
@@ -190,7 +199,7 @@ class Frontend:
         self.inflight.add(st)
 
     def _on_stats(self, ident: bytes) -> None:
-        if self.info is None:
+        if self.info is None or self.core_dead:
             return self._error(ident, None, 503, "engine not ready")
         qid, self._next_qid = self._next_qid, self._next_qid + 1
         if self._to_core(StatsQuery(qid)):
@@ -224,6 +233,21 @@ class Frontend:
             self.router.send(st.ident, st.step([], "abort").delta)
 
     # ------------------------------------------------------------ core
+
+    def _check_core(self) -> None:
+        """A dead core fails every request in flight with 503, and every new one."""
+        pid = self._pids.get("core")
+        if self.core_dead or pid is None or pid_alive(pid):
+            return
+        self.core_dead = True
+        log.error("the core (pid %d) died: failing %d request(s) with 503", pid,
+                  len(self.inflight))
+        for st in list(self.inflight):
+            self.inflight.remove(st)
+            self._error(st.ident, st.request_id, 503, "the engine's core process died")
+        for qid, ident in self._stats_waiters.items():
+            self._error(ident, None, 503, "the engine's core process died")
+        self._stats_waiters.clear()
 
     def _to_core(self, msg) -> bool:
         try:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from core.channel import is_loopback  # noqa: E402
 from core.config import add_sched_args  # noqa: E402
 
+FRONTEND_GRACE_S = 1.0  # after the core's death, time for the frontend to answer 503s
 SCHED_FLAGS = ("max_seqs", "max_batch_tokens", "max_waiting", "policy", "aging_steps",
                "max_model_len", "preempt_margin", "prefill", "max_chunk", "seed", "step_timeout")
 
@@ -44,6 +45,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-frame-bytes", type=int, default=1 << 20)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="worker restarts allowed within --restart-window before giving up")
+    p.add_argument("--restart-window", type=float, default=300.0)
     add_sched_args(p)
     return p.parse_args(argv)
 
@@ -83,14 +87,18 @@ def default_log() -> str:
 
 class Group:
     def __init__(self, cmds: dict[str, list[str]]):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        self.cmds = cmds
         self.procs: dict[str, subprocess.Popen] = {}
         for name in ("core", "worker", "frontend"):
-            out = subprocess.PIPE if name == "frontend" else None
-            # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
-            # drains the group in order; PDEATHSIG still ends them if serve dies.
-            self.procs[name] = subprocess.Popen(cmds[name], env=env, stdout=out, cwd=ROOT,
-                                                process_group=0)
+            self.spawn(name)
+
+    def spawn(self, name: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        out = subprocess.PIPE if name == "frontend" else None
+        # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
+        # drains the group in order; PDEATHSIG still ends them if serve dies.
+        self.procs[name] = subprocess.Popen(self.cmds[name], env=env, stdout=out, cwd=ROOT,
+                                            process_group=0)
 
     def dead(self) -> tuple[str, int] | None:
         for name, p in self.procs.items():
@@ -163,8 +171,15 @@ def supervise(group: Group, a, log, stop) -> int:
     print(f"ready {addr}", flush=True)
     if log:
         print(f"log {log}", flush=True)
+    restarts: list[float] = []
     while stop["sig"] is None:
-        if group.dead():
+        dead = group.dead()
+        if dead and dead[0] == "worker" and may_restart(restarts, a):
+            print(f"serve: worker exited with code {dead[1]}; starting a new one "
+                  f"({len(restarts)}/{a.max_restarts} in {a.restart_window:.0f}s)",
+                  file=sys.stderr, flush=True)
+            group.spawn("worker")
+        elif dead:
             return report_death(group, "")
         time.sleep(0.05)
     print("serve: draining", file=sys.stderr, flush=True)
@@ -173,11 +188,26 @@ def supervise(group: Group, a, log, stop) -> int:
     return 0
 
 
+def may_restart(restarts: list[float], a) -> bool:
+    now = time.monotonic()
+    restarts[:] = [t for t in restarts if now - t < a.restart_window]
+    if len(restarts) >= a.max_restarts:
+        print(f"serve: the worker died {len(restarts) + 1} times within "
+              f"{a.restart_window:.0f}s; giving up", file=sys.stderr, flush=True)
+        return False
+    restarts.append(now)
+    return True
+
+
 def report_death(group: Group, when: str) -> int:
     dead = group.dead()
     what = f"{dead[0]} exited with code {dead[1]}" if dead else "start-up timed out"
     print(f"serve: {what} {when}; stopping the group".replace("  ", " "), file=sys.stderr,
           flush=True)
+    if dead and dead[0] != "frontend":
+        # the frontend answers 503 to every request in flight once the core is gone
+        group.stop(("core", "worker"))
+        time.sleep(FRONTEND_GRACE_S)
     return 1
 
 

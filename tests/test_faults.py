@@ -1,0 +1,170 @@
+"""Faults on a real group: a worker killed or hung mid-run, the core killed, restarts
+exhausted. Each test kills real processes (pids from stats()), so each has its own group.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from frontend.client import Client, ClientError
+from scripts.grouplib import start_group
+from tests.test_group_lifecycle import wait_dead
+
+N = 200
+REQS = [dict(prompt=[5, 6, 7], max_tokens=N, ignore_eos=True),
+        dict(prompt=list(range(40, 90)), max_tokens=N, ignore_eos=True),
+        dict(prompt=[9, 9, 9, 1], max_tokens=N, ignore_eos=True, temperature=1.0, seed=42),
+        dict(prompt=[300, 2], max_tokens=N, ignore_eos=True, temperature=0.8, top_p=0.9,
+             top_k=50, seed=7)]
+
+
+def run_concurrently(address: str, reqs: list[dict], started: threading.Event,
+                     timeout: float = 120) -> list:
+    """Stream every request from its own client; `started` is set once each has tokens."""
+    results: list = [None] * len(reqs)
+    counts = [0] * len(reqs)
+
+    def one(i):
+        try:
+            with Client(address, timeout=timeout) as c:
+                toks, reason = [], None
+                for d in c.stream(**reqs[i]):
+                    toks.extend(d.token_ids)
+                    counts[i] = len(toks)
+                    if all(n >= 5 for n in counts):
+                        started.set()
+                    reason = d.finish_reason
+                results[i] = (reason, toks)
+        except ClientError as e:
+            results[i] = e
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def verify_log(path, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(path)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def reference(address: str) -> list[list[int]]:
+    with Client(address, timeout=120) as c:
+        return [c.generate(**r).token_ids for r in REQS]
+
+
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_worker_death_is_survived_with_the_same_tokens(tmp_path, fault):
+    args = ["--num-blocks", "128", "--step-timeout", "2"]
+    g = start_group(tmp_path, args)
+    try:
+        want = reference(g.address)
+        with Client(g.address, timeout=30) as c:
+            old = c.stats()["pids"]["worker"]
+        started = threading.Event()
+        threads, results = run_concurrently(g.address, REQS, started)
+        assert started.wait(60)
+        os.kill(old, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        for t in threads:
+            t.join(180)
+        with Client(g.address, timeout=30) as c:
+            st = c.stats()
+        assert st["pids"]["worker"] != old
+        assert st["free_blocks"] == st["total_blocks"]
+    finally:
+        if fault == "hang":
+            try:
+                os.kill(old, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        code = g.stop()
+    assert code == 0
+    for (reason, toks), ref in zip(results, want):
+        assert reason == "length" and toks == ref
+    err = g.stderr.read_text()
+    assert re.search(r"worker \d+ lost", err) and "took over" in err
+    r = verify_log(g.log)
+    assert r.returncode == 0, r.stdout
+    r = verify_log(g.log, "--with-model")
+    assert r.returncode == 0, r.stdout
+    conn = sqlite3.connect(g.log)
+    assert conn.execute("SELECT count(*) FROM inputs WHERE kind='restart'").fetchone()[0] == 1
+
+
+def test_restarts_exhausted_gives_503_and_exits_non_zero(tmp_path):
+    g = start_group(tmp_path, ["--max-restarts", "0"], log=False)
+    try:
+        with Client(g.address, timeout=30) as c:
+            pids = c.stats()["pids"]
+        started = threading.Event()
+        threads, results = run_concurrently(g.address, REQS[:2], started)
+        assert started.wait(60)
+        os.kill(pids["worker"], signal.SIGKILL)
+        for t in threads:
+            t.join(30)
+        code = g.proc.wait(30)
+    finally:
+        g.stop()
+    assert code != 0
+    assert all(isinstance(r, ClientError) and r.code == 503 for r in results), results
+    assert "giving up" in g.tail()
+    assert wait_dead(pids.values())
+
+
+def test_core_death_503s_within_2s_and_the_log_verifies(tmp_path):
+    g = start_group(tmp_path, [])
+    try:
+        with Client(g.address, timeout=30) as c:
+            pids = c.stats()["pids"]
+        started = threading.Event()
+        threads, results = run_concurrently(g.address, REQS, started)
+        assert started.wait(60)
+        t0 = time.monotonic()
+        os.kill(pids["core"], signal.SIGKILL)
+        for t in threads:
+            t.join(30)
+        took = time.monotonic() - t0
+        code = g.proc.wait(30)
+    finally:
+        g.stop()
+    assert all(isinstance(r, ClientError) and r.code == 503 for r in results), results
+    assert took < 10, took  # 5x the 2 s target
+    assert code != 0 and "core exited" in g.tail()
+    assert wait_dead(pids.values())
+    conn = sqlite3.connect(g.log)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    r = verify_log(g.log)
+    assert r.returncode == 0 and "steps verified" in r.stdout, r.stdout
+
+
+def test_frontend_death_aborts_everything_in_the_log(tmp_path):
+    g = start_group(tmp_path, [])
+    try:
+        with Client(g.address, timeout=30) as c:
+            pids = c.stats()["pids"]
+        started = threading.Event()
+        threads, results = run_concurrently(g.address, REQS[:2], started, timeout=5)
+        assert started.wait(60)
+        t0 = time.monotonic()
+        os.kill(pids["frontend"], signal.SIGKILL)
+        code = g.proc.wait(30)
+        took = time.monotonic() - t0
+        for t in threads:
+            t.join(30)
+    finally:
+        g.stop()
+    assert code != 0 and took < 10, took
+    assert wait_dead(pids.values())
+    conn = sqlite3.connect(g.log)
+    reasons = [r[0] for r in conn.execute("SELECT finish_reason FROM requests")]
+    assert reasons and all(r is not None for r in reasons), reasons
+    assert "abort" in reasons
