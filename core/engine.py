@@ -43,6 +43,7 @@ class NullLog:
     def input(self, step, kind, rid): pass
     def step(self, record: "StepRecord"): pass
     def finish(self, rid, step, reason, output_tokens): pass
+    def flush(self): pass
 
 
 @dataclass

@@ -118,6 +118,8 @@ class CoreLoop:
         self.start()
         while not self.stopping:
             busy = self.engine.sched.has_unfinished()
+            if not busy:
+                self.engine.log.flush()
             self.drain_inputs(block_ms=0 if busy else 1000)
             if not busy and not pid_alive(self.worker_pid):
                 self.replace_worker("it exited while idle", abandon=False)

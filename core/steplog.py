@@ -86,10 +86,14 @@ class StepLog:
         self._q.put(self._pending)
         self._pending = []
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Commit inputs and finishes that no step has followed yet (the loop is idle)."""
         if self._pending:
             self._q.put(self._pending)
             self._pending = []
+
+    def close(self) -> None:
+        self.flush()
         self._q.put(_STOP)
         self._thread.join()
 

@@ -1,17 +1,29 @@
-"""Shared fixtures: a process group per module (scripts/serve), stopped in teardown."""
+"""Shared fixtures: a process group per module (scripts/serve), stopped in teardown, whose
+step log must then verify (every end-to-end run is also a replay test)."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
 from scripts.grouplib import Group, start_group
 
 
+def verify_log(path, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(path)],
+                          capture_output=True, text=True, timeout=600)
+
+
 @pytest.fixture(scope="module")
 def group(request, tmp_path_factory) -> Group:
-    """The default group: tiny model; a module can override `group_args`."""
+    """A group on the tiny preset; a test module sets GROUP_ARGS for other flags."""
     args = getattr(request.module, "GROUP_ARGS", [])
     g = start_group(tmp_path_factory.mktemp("group"), args)
     try:
         yield g
     finally:
-        g.stop()
+        code = g.stop()
+    assert code == 0, g.tail()
+    r = verify_log(g.log)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -7,8 +7,6 @@ import os
 import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,6 +14,7 @@ import pytest
 
 from frontend.client import Client, ClientError
 from scripts.grouplib import start_group
+from tests.conftest import verify_log
 from tests.test_group_lifecycle import wait_dead
 
 N = 200
@@ -49,11 +48,6 @@ def run_concurrently(address: str, reqs: list[dict], started: threading.Event,
     for t in threads:
         t.start()
     return threads, results
-
-
-def verify_log(path, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(path)],
-                          capture_output=True, text=True, timeout=300)
 
 
 def reference(address: str) -> list[list[int]]:

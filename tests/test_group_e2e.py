@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import time
 
 import msgpack
@@ -17,23 +15,9 @@ import pytest
 import zmq
 
 from frontend.client import AsyncClient, Client, ClientError
-from scripts.grouplib import start_group
 
 # 40 blocks of 16 positions: 640 positions for 64 concurrent requests -> preemption
 GROUP_ARGS = ["--num-blocks", "40", "--max-seqs", "32", "--max-waiting", "512"]
-
-
-@pytest.fixture(scope="module")
-def group(tmp_path_factory):
-    g = start_group(tmp_path_factory.mktemp("e2e"), GROUP_ARGS)
-    try:
-        yield g
-    finally:
-        code = g.stop()
-    assert code == 0, g.tail()
-    r = subprocess.run([sys.executable, "-m", "replay", "verify", str(g.log)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from replay.__main__ import main as replay_main
-from replay.logfile import LogError, LogFile
+from replay.logfile import LogFile
 from replay.record import SCENARIOS, record
 from replay.verify import verify
 
