@@ -34,7 +34,7 @@ def hf_model():
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     import torch
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, eos_token_id=None,
                              do_sample=False, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     return out[0, len(prompt):].tolist()
 

@@ -9,7 +9,8 @@ GQA never expands the cache: the query heads sharing a KV head are folded into t
 length (query head h = kv_head * rep + r, transformers' layout), so SDPA sees KV heads only.
 
 No mask function is registered for "tl_paged": transformers 5.24 then builds no attention
-mask at all (create_causal_mask returns None for attention names it has no mask for).
+mask at all (create_causal_mask returns None for attention names it has no mask for),
+where sdpa's would build a [T, T] mask for the flattened step (6.6 ms at T = 2048 on CPU).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ KWARG = "tl_paged"  # the model(...) keyword that carries the PagedStep to every
 
 @dataclass
 class Chunk:
-    """A sequence of more than one query token: tokens [begin, end) of the step."""
+    """A sequence after the leading one-token run: tokens [begin, end) of the step."""
     begin: int
     end: int
     slots: torch.Tensor        # [context] cache slots of positions 0..context-1
@@ -34,9 +35,9 @@ class Chunk:
 
 @dataclass
 class PagedStep:
-    kv: torch.Tensor           # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
-    slot_mapping: torch.Tensor # [T] long, where each query token's K/V go
-    num_decode: int            # the first num_decode tokens are one-token sequences
+    kv: torch.Tensor             # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
+    slot_mapping: torch.Tensor   # [T] long, where each query token's K/V go
+    num_decode: int              # the first num_decode tokens are one-token sequences
     decode_tables: torch.Tensor  # [num_decode, width] long block ids
     decode_mask: torch.Tensor    # [num_decode, 1, 1, width * block_size] bool
     chunks: list[Chunk]

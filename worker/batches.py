@@ -5,8 +5,8 @@ slot = block_id * block_size + offset; tables padded with 0 to the widest.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from core.protocol import F64, I32, I64, ForwardBatch, SamplingParams
 

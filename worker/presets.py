@@ -24,16 +24,17 @@ class Preset:
     seed: int = 0
 
 
-_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
-              rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=None, eos_token_id=EOS_ID,
-              pad_token_id=EOS_ID, attention_bias=False, mlp_bias=False)
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "bos_token_id": None,
+          "eos_token_id": EOS_ID, "pad_token_id": EOS_ID, "attention_bias": False,
+          "mlp_bias": False}
 
 PRESETS = {
-    "tiny": Preset("tiny", "v1", init_std=0.25, config=dict(
+    "tiny": Preset("tiny", "v2", init_std=0.25, config=dict(
         _LLAMA, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
         max_position_embeddings=2048, tie_word_embeddings=False)),
-    "smol": Preset("smol", "v1", init_std=0.1, config=dict(
+    "smol": Preset("smol", "v2", init_std=0.1, config=dict(
         _LLAMA, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
         max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True)),

@@ -26,7 +26,7 @@ class SampleParams:
     gen_index: torch.Tensor    # [R] int32
 
     @classmethod
-    def from_batch(cls, b: ForwardBatch) -> "SampleParams":
+    def from_batch(cls, b: ForwardBatch) -> SampleParams:
         return cls(as_tensor(b.temperature, torch.float64), as_tensor(b.top_p, torch.float64),
                    as_tensor(b.top_k, torch.int32), as_tensor(b.seeds, torch.int64),
                    as_tensor(b.gen_index, torch.int32))
