@@ -11,6 +11,8 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
+import msgpack
+
 from core.batch import build_batch, sampled_ids
 from core.protocol import ForwardBatch, SamplingParams
 from core.sched import Finished, Request, ScheduleOutput, Scheduler, StepOutput, TokenEvent
@@ -30,9 +32,10 @@ def schedule_json(out: ScheduleOutput) -> dict:
 
 
 def state_hash(prev: str, snapshot, sched_doc: dict, outputs: list) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(prev.encode())
-    h.update(repr((snapshot, sched_doc, outputs)).encode())
+    """The previous hash chained with the scheduler's state after the step (msgpack is
+    a canonical, fast serialization of these plain tuples, lists, ints and bools)."""
+    h = hashlib.blake2b(prev.encode(), digest_size=16)
+    h.update(msgpack.packb((snapshot, sched_doc, outputs)))
     return h.hexdigest()
 
 
@@ -86,6 +89,7 @@ class Engine:
         self.log = log or NullLog()
         self.live: dict[int, _Live] = {}
         self.last_hash = ""
+        self.step_ms_total = 0.0  # time spent inside plan..commit, summed over steps
         self.last_schedule: ScheduleOutput | None = None
         self._planned: tuple[ScheduleOutput, int, float] | None = None
         self._sampling = _SamplingView(self.live)
@@ -189,8 +193,10 @@ class Engine:
         outs = [[o.id, o.token, o.stop] for o in outputs]
         self.last_hash = state_hash(self.last_hash, self.sched.snapshot(), doc, outs)
         st = self.sched.stats()
-        self.log.step(StepRecord(step, time.time(), (time.perf_counter() - t0) * 1e3, doc,
-                                 outs, st.free_blocks, st.running, st.waiting, self.last_hash))
+        ms = (time.perf_counter() - t0) * 1e3
+        self.step_ms_total += ms
+        self.log.step(StepRecord(step, time.time(), ms, doc, outs, st.free_blocks, st.running,
+                                 st.waiting, self.last_hash))
 
     def _finish(self, events: list, step: int) -> None:
         for ev in events:

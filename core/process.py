@@ -212,7 +212,8 @@ class CoreLoop:
                 "total_blocks": st.total_blocks, "steps": st.steps,
                 "preemptions": st.preemptions, "finished": st.finished,
                 "max_model_len": self.engine.sched.cfg.max_model_len,
-                "model": self.info.model,
+                "model": self.info.model, "tokenizer": self.info.tokenizer,
+                "step_ms_total": self.engine.step_ms_total,
                 "pids": {"core": os.getpid(), "worker": self.worker_pid}}
 
     def close(self) -> None:
