@@ -15,17 +15,20 @@ import zmq
 from core.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode, encode
 
 
-def is_loopback(address: str) -> bool:
-    """True for ipc:// and inproc:// endpoints and tcp:// endpoints on a loopback host."""
-    if not address.startswith("tcp://"):
-        return True
-    host = urlsplit(address).hostname or ""
+def is_loopback_host(host: str) -> bool:
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback(address: str) -> bool:
+    """True for ipc:// and inproc:// endpoints and tcp:// endpoints on a loopback host."""
+    if not address.startswith("tcp://"):
+        return True
+    return is_loopback_host(urlsplit(address).hostname or "")
 
 
 def _make(ctx: zmq.Context, kind: int, max_bytes: int) -> zmq.Socket:

@@ -1,9 +1,13 @@
 """scripts/serve: start worker, core and frontend as one group and watch over them.
 
 Prints `ready ADDRESS` once all three are up (worker -> core -> frontend handshake).
+With --http-port, the OpenAI-compatible gateway (python -m frontend.http) is a fourth
+process, started once the frontend is ready; `ready` waits for it too and is followed by
+`http http://HOST:PORT`.
 If any process dies, the others are stopped and serve exits non-zero naming it.
-SIGINT/SIGTERM: the frontend drains (new requests get 503, running ones finish up to
---drain-timeout), then core and worker are stopped.
+SIGINT/SIGTERM: the gateway drains first (in-flight HTTP requests finish), then the
+frontend (new requests get 503, running ones finish up to --drain-timeout), then core and
+worker are stopped.
 """
 from __future__ import annotations
 
@@ -48,6 +52,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-restarts", type=int, default=3,
                    help="worker restarts allowed within --restart-window before giving up")
     p.add_argument("--restart-window", type=float, default=300.0)
+    p.add_argument("--http-port", type=int, default=None,
+                   help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
+    p.add_argument("--http-host", default="127.0.0.1")
     add_sched_args(p)
     return p.parse_args(argv)
 
@@ -79,6 +86,17 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
     return {"core": core, "worker": worker, "frontend": frontend}
 
 
+def http_command(a: argparse.Namespace, frontend_addr: str) -> list[str]:
+    cmd = [sys.executable, "-m", "frontend.http", "--frontend", frontend_addr,
+           "--host", a.http_host, "--port", str(a.http_port),
+           "--drain-timeout", str(a.drain_timeout)]
+    return cmd + (["--allow-remote"] if a.allow_remote else [])
+
+
+def tcp_address(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
 def default_log() -> str:
     runs = ROOT / "runs"
     runs.mkdir(exist_ok=True)
@@ -94,7 +112,7 @@ class Group:
 
     def spawn(self, name: str) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        out = subprocess.PIPE if name == "frontend" else None
+        out = subprocess.PIPE if name in ("frontend", "http") else None
         # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
         # drains the group in order; PDEATHSIG still ends them if serve dies.
         self.procs[name] = subprocess.Popen(self.cmds[name], env=env, stdout=out, cwd=ROOT,
@@ -106,10 +124,10 @@ class Group:
                 return name, p.returncode
         return None
 
-    def wait_ready(self, timeout: float) -> str | None:
-        """The frontend's bound address once it prints READY; None if a process died."""
+    def wait_ready(self, timeout: float, name: str = "frontend") -> str | None:
+        """`name`'s bound address once it prints READY; None if a process died."""
         sel = selectors.DefaultSelector()
-        out = self.procs["frontend"].stdout
+        out = self.procs[name].stdout
         sel.register(out, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -130,7 +148,8 @@ class Group:
             sys.stdout.write(line.decode(errors="replace"))
             sys.stdout.flush()
 
-    def stop(self, names=("frontend", "core", "worker"), grace: float = 5.0) -> None:
+    def stop(self, names=("http", "frontend", "core", "worker"), grace: float = 5.0) -> None:
+        names = [n for n in names if n in self.procs]
         for name in names:
             p = self.procs[name]
             if p.poll() is None:
@@ -147,10 +166,12 @@ class Group:
 
 def main(argv=None) -> int:
     a = parse(argv)
-    if not is_loopback(a.address) and not a.allow_remote:
-        print(f"serve: {a.address} is not a loopback address; pass --allow-remote to bind it",
-              file=sys.stderr)
-        return 2
+    http = [] if a.http_port is None else [tcp_address(a.http_host, a.http_port)]
+    for addr in [a.address, *http]:
+        if not is_loopback(addr) and not a.allow_remote:
+            print(f"serve: {addr} is not a loopback address; pass --allow-remote to bind it",
+                  file=sys.stderr)
+            return 2
     log = None if a.no_log else (a.log or default_log())
     ipc = tempfile.mkdtemp(prefix="tl-")
     stop = {"sig": None}
@@ -168,7 +189,16 @@ def supervise(group: Group, a, log, stop) -> int:
     addr = group.wait_ready(a.startup_timeout)
     if addr is None:
         return report_death(group, "before ready")
+    http = None
+    if a.http_port is not None:
+        group.cmds["http"] = http_command(a, addr)
+        group.spawn("http")
+        http = group.wait_ready(a.startup_timeout, "http")
+        if http is None:
+            return report_death(group, "before ready")
     print(f"ready {addr}", flush=True)
+    if http:
+        print(f"http {http}", flush=True)
     if log:
         print(f"log {log}", flush=True)
     restarts: list[float] = []
@@ -183,6 +213,7 @@ def supervise(group: Group, a, log, stop) -> int:
             return report_death(group, "")
         time.sleep(0.05)
     print("serve: draining", file=sys.stderr, flush=True)
+    group.stop(("http",), grace=a.drain_timeout + 10)
     group.stop(("frontend",), grace=a.drain_timeout + 10)
     group.stop(("core", "worker"))
     return 0
@@ -204,7 +235,7 @@ def report_death(group: Group, when: str) -> int:
     what = f"{dead[0]} exited with code {dead[1]}" if dead else "start-up timed out"
     print(f"serve: {what} {when}; stopping the group".replace("  ", " "), file=sys.stderr,
           flush=True)
-    if dead and dead[0] != "frontend":
+    if dead and dead[0] in ("core", "worker"):
         # the frontend answers 503 to every request in flight once the core is gone
         group.stop(("core", "worker"))
         time.sleep(FRONTEND_GRACE_S)

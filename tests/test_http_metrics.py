@@ -1,0 +1,153 @@
+"""The gateway as serve runs it (scripts/serve --http-port 0): the `http` line, /metrics
+in Prometheus' text format moving with traffic, /health going 503 when a process dies,
+and SIGTERM draining an in-flight HTTP request before serve exits 0 (the module's last
+test: it ends the module's group, whose teardown still checks the exit code and the log).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from frontend.client import Client
+from scripts.grouplib import start_group
+from tests.test_http import ROOT, assert_openai_error, http
+
+GROUP_ARGS = ["--http-port", "0"]
+
+
+@pytest.fixture(scope="module")
+def gateway(group) -> str:
+    """serve prints `http URL` right after `ready ADDRESS`."""
+    line = group.proc.stdout.readline().split()
+    assert line[0] == "http" and line[1].startswith("http://127.0.0.1:"), line
+    return line[1]
+
+
+@pytest.fixture(scope="module")
+def oai(gateway):
+    with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as c:
+        yield c
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    """(sample name, sorted label items) -> value, from /metrics."""
+    status, headers, text = http("GET", url + "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def moved(before: dict, after: dict, name: str, **labels) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_serve_answers_http_with_urllib(gateway):
+    status, _, reply = http("POST", gateway + "/v1/completions",
+                            {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+    assert status == 200 and reply["object"] == "text_completion", reply
+    assert reply["usage"]["total_tokens"] == (reply["usage"]["prompt_tokens"]
+                                              + reply["usage"]["completion_tokens"])
+    status, _, reply = http("GET", gateway + "/health")
+    assert (status, reply) == (200, {"status": "ok"})
+
+
+def test_metrics_parse_and_move_with_traffic(gateway, oai, group):
+    before = scrape(gateway)
+    a = oai.completions.create(model="tiny", prompt="count me", max_tokens=6, temperature=0,
+                               extra_body={"ignore_eos": True})
+    chunks = list(oai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "and me"}], max_tokens=5,
+        stream=True, extra_body={"ignore_eos": True}))
+    b = chunks[-1].usage
+    assert http("POST", gateway + "/v1/completions", {"prompt": "x", "n": 2})[0] == 400
+    after = scrape(gateway)
+
+    assert moved(before, after, "tl_http_requests_total", path="/v1/completions", code="200") == 1
+    assert moved(before, after, "tl_http_requests_total", path="/v1/chat/completions",
+                 code="200") == 1
+    assert moved(before, after, "tl_http_requests_total", path="/v1/completions", code="400") == 1
+    assert moved(before, after, "tl_requests_finished_total", finish_reason="length") == 2
+    assert moved(before, after, "tl_prompt_tokens_total") == (a.usage.prompt_tokens
+                                                              + b.prompt_tokens)
+    assert moved(before, after, "tl_completion_tokens_total") == 6 + 5
+    assert moved(before, after, "tl_time_to_first_token_seconds_count") == 2
+    assert moved(before, after, "tl_time_per_output_token_seconds_count") == 2
+    assert moved(before, after, "tl_engine_steps_total") >= 11
+    assert moved(before, after, "tl_step_duration_seconds_count") == 1
+    with Client(group.address) as c:
+        total = c.stats()["total_blocks"]
+    assert after[("tl_kv_blocks_total", ())] == total
+    assert after[("tl_kv_blocks_used", ())] == 0
+    assert after[("tl_requests_running", ())] == after[("tl_requests_waiting", ())] == 0
+    assert after[("tl_engine_up", ())] == 1
+    assert ("tl_preemptions_total", ()) in after
+
+
+def test_health_503_when_a_process_dies_and_serve_stops_when_the_gateway_does(tmp_path):
+    g = start_group(tmp_path, ["--http-port", "0"], log=False)
+    try:
+        url = g.proc.stdout.readline().split()[1]
+        assert http("GET", url + "/health")[0] == 200
+        with Client(g.address) as c:
+            pids = c.stats()["pids"]
+        os.kill(pids["worker"], signal.SIGKILL)  # serve starts another: 503 meanwhile
+        deadline = time.monotonic() + 20
+        while (reply := http("GET", url + "/health", timeout=10))[0] == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert reply[0] == 503
+        assert_openai_error(reply[2], 503)
+
+        os.kill(child_running(g.proc.pid, "frontend.http"), signal.SIGKILL)
+        assert g.proc.wait(30) == 1
+        assert "http exited with code -9" in g.tail()
+    finally:
+        g.stop()
+
+
+def test_a_non_loopback_http_host_needs_allow_remote():
+    for cmd in (["scripts/serve.py", "--http-port", "0", "--http-host", "0.0.0.0", "--no-log"],
+                ["-m", "frontend.http", "--frontend", "tcp://127.0.0.1:1", "--host", "0.0.0.0"]):
+        r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=60,
+                           check=False, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert r.returncode == 2 and "--allow-remote" in r.stderr, r.stderr
+
+
+def child_running(pid: int, module: str) -> int:
+    """The pid of `pid`'s child whose command line runs `python -m module`."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        for child in f.read().split():
+            with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                if module.encode() in cmd.read().split(b"\0"):
+                    return int(child)
+    raise LookupError(module)
+
+
+def test_sigterm_drains_an_in_flight_http_request_then_serve_exits_0(group, oai):
+    got = {}
+
+    def read_stream():
+        stream = oai.completions.create(model="tiny", prompt="drain me", max_tokens=40,
+                                        stream=True, extra_body={"ignore_eos": True})
+        got["chunks"] = [next(stream)]
+        started.set()
+        got["chunks"] += list(stream)
+
+    started = threading.Event()
+    t = threading.Thread(target=read_stream)
+    t.start()
+    assert started.wait(30)
+    group.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert group.proc.wait(60) == 0
+    last = got["chunks"][-1]
+    assert last.choices[0].finish_reason == "length" and last.usage.completion_tokens == 40
