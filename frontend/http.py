@@ -84,7 +84,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
     client = AsyncClient(args.frontend, timeout=args.request_timeout)
     try:
         stats = await wait_for_engine(client, args.startup_timeout)
-        chat = await loop.run_in_executor(None, ChatTemplate.load, stats["model"])
+        chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"])
         if chat.builtin:
             log.warning("the tokenizer has no chat template: using a built-in ChatML one")
         gw = Gateway(client, args.model_name or stats["model"], stats["max_model_len"], chat,

@@ -1,14 +1,12 @@
 """Chat messages -> prompt text, with the served model's own chat template.
 
-The tokenizer comes from the model's directory: stats()["model"] names the model as serve
-was given it, resolved like the worker does (worker.load.resolve_model; "null" uses the
-tiny preset's tokenizer, as its runner does). A tokenizer without a chat template gets a
-built-in ChatML one (the presets ship a ChatML template of their own).
+The tokenizer comes from the directory the worker reported (stats()["tokenizer"]; "null"
+reports the tiny preset's). A tokenizer without a chat template gets a built-in ChatML one
+(the presets ship a ChatML template of their own).
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from frontend.http_schema import ApiError
 
@@ -18,22 +16,17 @@ FALLBACK_TEMPLATE = (
 )
 
 
-def tokenizer_dir(model: str) -> Path:
-    from worker.load import resolve_model
-    return resolve_model("tiny" if model == "null" else model)
-
-
 class ChatTemplate:
     def __init__(self, hf_tokenizer, builtin: bool):
         self._hf = hf_tokenizer
         self.builtin = builtin  # True when the tokenizer had no template of its own
 
     @classmethod
-    def load(cls, model: str) -> ChatTemplate:
+    def load(cls, tokenizer_dir: str) -> ChatTemplate:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoTokenizer
-        hf = AutoTokenizer.from_pretrained(tokenizer_dir(model))
+        hf = AutoTokenizer.from_pretrained(tokenizer_dir)
         builtin = not getattr(hf, "chat_template", None)
         if builtin:
             hf.chat_template = FALLBACK_TEMPLATE

@@ -1,10 +1,8 @@
 """The gateway's Prometheus metrics, in a registry of its own (never the global default).
 
 Request-side metrics are observed as requests pass; engine-side ones come from one
-stats() call per scrape. The core exposes no per-step timing, so tl_step_duration_seconds
-observes, at each scrape, the mean wall time per step since the previous scrape
-(wall-time delta / stats()["steps"] delta): idle time between steps inside that window
-counts as step time, so it reads high on a lightly loaded engine.
+stats() call per scrape. tl_step_duration_seconds observes, at each scrape, the core's
+mean step time since the previous scrape (stats()["step_ms_total"] and ["steps"] deltas).
 """
 from __future__ import annotations
 
@@ -68,9 +66,9 @@ class Metrics:
                               "mean time between tokens after the first, per request",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.step = Histogram("tl_step_duration_seconds",
-                              "mean wall time per engine step between two scrapes",
-                              buckets=STEP_BUCKETS, registry=r)
-        self._last_steps: tuple[float, int] | None = None  # (monotonic time, steps)
+                              "mean engine step time (schedule, forward, on_step) between"
+                              " two scrapes", buckets=STEP_BUCKETS, registry=r)
+        self._last_steps: tuple[float, int] | None = None  # (step_ms_total, steps)
 
     def observe_http(self, path: str, code: int) -> None:
         self.http.labels(path, str(code)).inc()
@@ -91,9 +89,10 @@ class Metrics:
         self.engine.stats = stats
         if stats is None:
             return
-        last, self._last_steps = self._last_steps, (now, stats["steps"])
+        last, self._last_steps = self._last_steps, (stats["step_ms_total"], stats["steps"])
         if last is not None and stats["steps"] > last[1]:
-            self.step.observe((now - last[0]) / (stats["steps"] - last[1]))
+            ms = (stats["step_ms_total"] - last[0]) / (stats["steps"] - last[1])
+            self.step.observe(ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
