@@ -159,7 +159,9 @@ class Engine:
         tokens = tokens if tokens is not None else []
         if len(ids) != len(tokens):
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
-        outputs = [StepOutput(rid, tok, self._is_eos(rid, tok)) for rid, tok in zip(ids, tokens)]
+        eos = self.eos_ids
+        outputs = [StepOutput(rid, tok, tok in eos and self._stops_on_eos(rid))
+                   for rid, tok in zip(ids, tokens)]
         events = self.sched.on_step(outputs)
         self._record(step, out, outputs, t0)
         self._finish(events, step)
@@ -184,9 +186,9 @@ class Engine:
 
     # ---- internals
 
-    def _is_eos(self, rid: int, tok: int) -> bool:
+    def _stops_on_eos(self, rid: int) -> bool:
         live = self.live.get(rid)
-        return tok in self.eos_ids and live is not None and not live.ignore_eos
+        return live is not None and not live.ignore_eos
 
     def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float) -> None:
         doc = schedule_json(out)
@@ -199,12 +201,13 @@ class Engine:
                                  st.waiting, self.last_hash))
 
     def _finish(self, events: list, step: int) -> None:
+        live_of = self.live.get
         for ev in events:
-            if isinstance(ev, TokenEvent):
-                live = self.live.get(ev.id)
+            if type(ev) is TokenEvent:
+                live = live_of(ev.id)
                 if live is not None:
                     live.output.append(ev.token)
-            elif isinstance(ev, Finished):
+            else:
                 live = self.live.pop(ev.id, None)
                 if live is not None:
                     self.log.finish(ev.id, step, ev.reason.value, live.output)
