@@ -376,9 +376,11 @@ class Scheduler:
             steps=self._steps, preemptions=self._preemptions, finished=self._finished)
 
     def snapshot(self) -> tuple:
-        """A deterministic description of the state, for the step log's state hash."""
-        running = sorted(self._running, key=attrgetter("id"))
+        """A deterministic description of the state, for the step log's state hash.
+
+        Running requests in their (deterministic) running order, each with its live block
+        table: serialize it at once, before the scheduler changes again."""
         table = self.blocks.block_table
         return (self._steps, self._next_id, self._preemptions, self._finished,
                 self.blocks.free_blocks(), len(self._waiting),
-                tuple((r.id, r.n, r.c, tuple(table(r.id))) for r in running))
+                [(r.id, r.n, r.c, table(r.id)) for r in self._running])

@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 import sqlite_utils
 
-FORMAT = 1
+FORMAT = 2  # bump when the tables or the state hash change meaning
 _STOP = object()
 
 SCHEMA = {

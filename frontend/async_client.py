@@ -25,6 +25,9 @@ class AsyncClient:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
+        # Unbounded receive queue: a client busy elsewhere for a while must not stall
+        # zmq's reads (and heartbeats), or the frontend takes it for gone.
+        self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.connect(address)
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats_waiters: deque[asyncio.Future] = deque()

@@ -28,6 +28,9 @@ class Client:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
+        # Unbounded receive queue: a client busy elsewhere for a while must not stall
+        # zmq's reads (and heartbeats), or the frontend takes it for gone.
+        self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.connect(address)
         self._buffers: dict[str, deque] = {}
         self._stats: deque = deque()

@@ -34,7 +34,8 @@ log = logging.getLogger("frontend")
 DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
 HEARTBEAT_S = 1.0
 CORE_CHECK_S = 0.25          # how often the core's pid is checked (503s within 2 s of its death)
-BATCH = 256                 # messages taken from one socket before looking at the other
+PUMP_S = 0.002              # time on one socket before looking at the other (fairness:
+                            # a fast core must not keep new clients waiting for many steps)
 CORE_SEND_TIMEOUT_MS = 5000  # a core that stops reading must not hang the frontend
 CLOSE_LINGER_MS = 1000      # let final deltas and aborts leave before the sockets close
 CLIENT_TYPES = (Generate, Abort, Stats, Ping)
@@ -119,8 +120,9 @@ class Frontend:
         return max(0, int((due - time.monotonic()) * 1000) + 1)
 
     def _pump(self, recv, handle) -> None:
-        """Take up to BATCH messages; a bad one is logged and never stops the loop."""
-        for _ in range(BATCH):
+        """Take messages for up to PUMP_S; a bad one is logged and never stops the loop."""
+        until = time.monotonic() + PUMP_S
+        while time.monotonic() < until:
             try:
                 handle(recv(zmq.NOBLOCK))
             except zmq.Again:

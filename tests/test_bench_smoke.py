@@ -1,0 +1,28 @@
+"""Keeps the serving benchmark working: `scripts/bench serve` on tiny with 4 requests.
+
+Checks only that it runs to the end and writes its figures; no timing is asserted.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = {"requests", "completed", "errors", "output_tokens", "wall_s", "output_tok_s",
+        "requests_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "preemptions", "steps",
+        "workload", "machine"}
+
+
+def test_bench_serve_tiny(tmp_path):
+    out = tmp_path / "serve.json"
+    cmd = [str(ROOT / "scripts" / "bench"), "serve", "--model", "tiny", "--requests", "4",
+           "--prompt-len", "8-32", "--output-len", "4-12", "--rate", "50",
+           "--no-progress", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert KEYS <= set(doc)
+    assert doc["completed"] == doc["requests"] == 4
+    assert doc["output_tokens"] == doc["workload"]["max_output_tokens"]  # EOS ignored
+    assert set(doc["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
