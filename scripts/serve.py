@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from core.channel import is_loopback  # noqa: E402
 from core.config import add_sched_args  # noqa: E402
 
-FRONTEND_GRACE_S = 1.0  # after the core's death, time for the frontend to answer 503s
+FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
+                        # (it checks the core's pid every 0.25 s)
 SCHED_FLAGS = ("max_seqs", "max_batch_tokens", "max_waiting", "policy", "aging_steps",
                "max_model_len", "preempt_margin", "prefill", "max_chunk", "seed", "step_timeout")
 
@@ -148,12 +149,15 @@ class Group:
             sys.stdout.write(line.decode(errors="replace"))
             sys.stdout.flush()
 
+    def terminate(self, names) -> None:
+        for name in names:
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
     def stop(self, names=("http", "frontend", "core", "worker"), grace: float = 5.0) -> None:
         names = [n for n in names if n in self.procs]
-        for name in names:
-            p = self.procs[name]
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+        self.terminate(names)
         deadline = time.monotonic() + grace
         for name in names:
             p = self.procs[name]
@@ -237,7 +241,7 @@ def report_death(group: Group, when: str) -> int:
           flush=True)
     if dead and dead[0] in ("core", "worker"):
         # the frontend answers 503 to every request in flight once the core is gone
-        group.stop(("core", "worker"))
+        group.terminate(("core", "worker"))  # they exit while the frontend answers
         time.sleep(FRONTEND_GRACE_S)
     return 1
 
