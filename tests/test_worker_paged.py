@@ -123,3 +123,19 @@ def test_slots_past_the_pool_are_refused(runner):
     batch = make_batch([Part([1, 2], 0, 2, [NUM_BLOCKS])], BS)
     with pytest.raises(ValueError):
         runner.execute(batch)
+
+
+def test_decodes_of_very_different_lengths_are_grouped_and_match_stock(runner, stock):
+    from worker.step import build_step
+    rng = random.Random(5)
+    pool = Pool(6)
+    lens = [40, 3, 600, 20, 300, 120]           # unsorted on purpose
+    seqs = [[rng.randrange(512) for _ in range(n)] for n in lens]
+    tables = [pool.take(n + 2) for n in lens]
+    runner.logits(make_batch([Part(s, 0, len(s), t) for s, t in zip(seqs, tables)], BS))
+    for s in seqs:
+        s.append(rng.randrange(512))
+    batch = make_batch([Part(s, len(s) - 1, 1, t) for s, t in zip(seqs, tables)], BS)
+    groups = build_step(batch, runner.kv, 2).paged.decode_groups
+    assert len(groups) > 1 and sum(len(g.tables) for g in groups) == len(seqs)
+    check(runner, stock, batch, seqs)

@@ -34,12 +34,20 @@ class Chunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Decodes of similar context length, gathered and attended together: padding every
+    decode to the longest context in the step would gather mostly padding in mixed batches."""
+    rows: torch.Tensor | None    # [g] long indices among the decodes; None = all, in order
+    tables: torch.Tensor         # [g, width] long block ids
+    mask: torch.Tensor           # [g, 1, 1, width * block_size] bool
+
+
+@dataclass
 class PagedStep:
     kv: torch.Tensor             # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
     slot_mapping: torch.Tensor   # [T] long, where each query token's K/V go
     num_decode: int              # the first num_decode tokens are one-token sequences
-    decode_tables: torch.Tensor  # [num_decode, width] long block ids
-    decode_mask: torch.Tensor    # [num_decode, 1, 1, width * block_size] bool
+    decode_groups: list[DecodeGroup]
     chunks: list[Chunk]
 
 
@@ -69,10 +77,19 @@ def _decode(q, cache, step: PagedStep, rep: int, scaling) -> torch.Tensor:
     """q [H, n, D] for n one-token sequences -> [n, H, D]."""
     heads, n, dim = q.shape
     qg = q.transpose(0, 1).reshape(n, heads // rep, rep, dim)   # [n, KVH, rep, D]
-    k = _gather(cache[0], step.decode_tables)                   # [n, KVH, L, D]
-    v = _gather(cache[1], step.decode_tables)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=step.decode_mask, scale=scaling)
-    return o.reshape(n, heads, dim)
+    groups = step.decode_groups
+    if len(groups) == 1 and groups[0].rows is None:
+        return _decode_group(qg, cache, groups[0], scaling).reshape(n, heads, dim)
+    out = qg.new_empty(qg.shape)
+    for g in groups:
+        out[g.rows] = _decode_group(qg[g.rows], cache, g, scaling)
+    return out.reshape(n, heads, dim)
+
+
+def _decode_group(qg, cache, g: DecodeGroup, scaling) -> torch.Tensor:
+    k = _gather(cache[0], g.tables)                             # [g, KVH, L, D]
+    v = _gather(cache[1], g.tables)
+    return F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scaling)
 
 
 def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from core.protocol import ForwardBatch
-from worker.attention import Chunk, PagedStep
+from worker.attention import Chunk, DecodeGroup, PagedStep
 
 
 @dataclass
@@ -43,18 +43,50 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, rep: int) -> StepInputs:
     multi = (qlen != 1).nonzero()  # the leading one-token sequences take the decode path
     nd = int(multi[0, 0]) if len(multi) else batch.num_seqs
 
-    width = -(-int(ctx[:nd].max()) // block_size) if nd else 0
-    decode_mask = torch.arange(width * block_size) < ctx[:nd, None]
+    groups = decode_groups(ctx[:nd], tables[:nd], block_size, device)
     chunks = [_chunk(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, rep, device)
               for i in range(nd, batch.num_seqs)]
     keep = qs[1:][_long(batch.sample_rows)] - 1
     paged = PagedStep(kv=kv, slot_mapping=slots.to(device), num_decode=nd,
-                      decode_tables=tables[:nd, :width].to(device),
-                      decode_mask=decode_mask.view(nd, 1, 1, -1 if nd else 0).to(device),
-                      chunks=chunks)
+                      decode_groups=groups, chunks=chunks)
     return StepInputs(input_ids=_long(batch.input_ids).view(1, -1).to(device),
                       positions=_long(batch.positions).view(1, -1).to(device),
                       keep=keep.to(device), paged=paged)
+
+
+GROUP_SLACK = 1.5   # a decode joins a group while the group's width <= 1.5x its own
+MAX_GROUPS = 4      # each group is one gather + one SDPA call per layer
+
+
+def decode_groups(ctx: torch.Tensor, tables: torch.Tensor, block_size: int,
+                  device) -> list[DecodeGroup]:
+    """Decodes split by context length (at most MAX_GROUPS) so that each group gathers
+    little padding; one group, in order, when the lengths are alike."""
+    n = len(ctx)
+    if n == 0:
+        return []
+    widths = (ctx + block_size - 1) // block_size
+    order = torch.argsort(widths, descending=True, stable=True)
+    sw = widths[order].tolist()
+    cuts, start = [], 0
+    for i in range(1, n):
+        if sw[start] > GROUP_SLACK * sw[i] and len(cuts) < MAX_GROUPS - 1:
+            cuts.append(i)
+            start = i
+    bounds = [0, *cuts, n]
+    if len(bounds) == 2:
+        return [_group(None, ctx, tables, sw[0], block_size, device)]
+    return [_group(order[a:b], ctx, tables, sw[a], block_size, device)
+            for a, b in zip(bounds, bounds[1:])]
+
+
+def _group(rows, ctx, tables, width: int, block_size: int, device) -> DecodeGroup:
+    c = ctx if rows is None else ctx[rows]
+    t = tables if rows is None else tables[rows]
+    mask = torch.arange(width * block_size) < c[:, None]
+    return DecodeGroup(rows=None if rows is None else rows.to(device),
+                       tables=t[:, :width].contiguous().to(device),
+                       mask=mask.view(len(c), 1, 1, -1).to(device))
 
 
 def _chunk(begin: int, end: int, context: int, table: torch.Tensor, block_size: int, rep: int,
