@@ -3,6 +3,8 @@ group whose KV pool forces preemption every few steps; nothing may be lost.
 
 Checks: every request ends (length, or abort for the ones aborted), every block comes back,
 greedy outputs equal an uncontended in-process run of the same requests, the log verifies.
+A difference at a near-tie of the top two logits (< 1e-4 apart, checked on the stock
+model) is counted apart as a tie: batching numerics explain it, not a lost token.
 """
 from __future__ import annotations
 
@@ -53,6 +55,13 @@ async def drive(address: str, reqs: list[dict]) -> tuple[list, dict]:
     return results, stats
 
 
+def stock_model():
+    from transformers import AutoModelForCausalLM
+    from worker.load import resolve_model
+    return AutoModelForCausalLM.from_pretrained(resolve_model("tiny"),
+                                                attn_implementation="sdpa").eval()
+
+
 def uncontended(reqs: list[dict]) -> dict[str, list[int]]:
     """The same requests through the offline engine with a pool that never preempts."""
     from core.config import CoreConfig
@@ -67,23 +76,43 @@ def uncontended(reqs: list[dict]) -> dict[str, list[int]]:
     return {ids[k]: v for k, v in engine.run().items()}
 
 
-def check(reqs, results, stats, ref) -> dict:
-    lost, wrong, aborted = [], [], 0
+TIE = 1e-4  # CPU matmuls are not batch-invariant (~1e-6); closer top-2 logits may flip
+
+
+def near_tie(model, prompt: list[int], got: list[int], want: list[int]) -> bool:
+    """True when the first differing token is one of two top logits closer than TIE: a
+    difference that batching numerics explain (DESIGN.md, Numerics), not a lost token."""
+    import torch
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if k is None:
+        return False
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + got[:k]])).logits[0, -1]
+    top = torch.topk(logits, 2)
+    return (set(top.indices.tolist()) == {got[k], want[k]}
+            and float(top.values[0] - top.values[1]) < TIE)
+
+
+def check(reqs, results, stats, ref, model) -> dict:
+    lost, wrong, ties, aborted = [], [], [], 0
     for r, res in zip(reqs, results):
         if isinstance(res, BaseException) or res[0] is None:
             lost.append(r["id"])
             continue
         reason, toks = res
+        want = ref[r["id"]]
         if reason == "abort":
             aborted += 1
-            ok = r["abort_after"] is not None and toks == ref[r["id"]][:len(toks)]
+            ok = r["abort_after"] is not None and toks == want[:len(toks)]
+            want = want[:len(toks)]
         else:
-            ok = reason == "length" and toks == ref[r["id"]]
+            ok = reason == "length" and toks == want
         if not ok:
-            wrong.append(r["id"])
-    return {"requests": len(reqs), "lost": len(lost), "wrong": len(wrong), "aborted": aborted,
+            (ties if near_tie(model, r["prompt"], toks, want) else wrong).append(r["id"])
+    return {"requests": len(reqs), "lost": len(lost), "wrong": len(wrong), "ties": len(ties),
+            "aborted": aborted,
             "preemptions": stats["preemptions"], "blocks_back": stats["free_blocks"] == stats["total_blocks"],
-            "examples": (lost + wrong)[:5]}
+            "examples": (lost + wrong + ties)[:5]}
 
 
 def soak(n: int, seed: int, tmp: Path, num_blocks: int = 48) -> dict:
@@ -96,7 +125,7 @@ def soak(n: int, seed: int, tmp: Path, num_blocks: int = 48) -> dict:
         wall = time.perf_counter() - t0
     finally:
         code = g.stop()
-    out = check(reqs, results, stats, uncontended(reqs))
+    out = check(reqs, results, stats, uncontended(reqs), stock_model())
     v = subprocess.run([sys.executable, "-m", "replay", "verify", str(g.log)],
                        capture_output=True, text=True)
     out.update(wall_s=wall, serve_exit=code, log=str(g.log), log_verifies=v.returncode == 0,
@@ -116,7 +145,8 @@ def main(argv=None) -> int:
         print(f"  {k:<14} {v}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
-    good = (out["lost"] == out["wrong"] == 0 and out["blocks_back"] and out["log_verifies"])
+    good = (out["lost"] == out["wrong"] == 0 and out["ties"] <= out["requests"] // 200
+            and out["blocks_back"] and out["log_verifies"])
     return 0 if good else 1
 
 

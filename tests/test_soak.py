@@ -1,6 +1,7 @@
 """Load: random lengths, priorities and aborts through a pool that forces preemption.
 0 requests lost, every block back, greedy outputs equal an uncontended run, the log
-verifies. A short soak runs by default; the full 2,000 requests are in the slow suite."""
+verifies. A short soak runs by default; the full 2,000 requests are in the slow suite.
+A token that differs at a near-tie of the top two logits is counted as a tie, not as wrong."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,8 @@ from scripts.bench_soak import soak
 
 def check(out: dict) -> None:
     assert out["lost"] == 0 and out["wrong"] == 0, out
+    # near-ties of the top two logits (< 1e-4) may flip across batchings; at most 0.5%
+    assert out["ties"] <= out["requests"] // 200, out
     assert out["blocks_back"] and out["log_verifies"] and out["serve_exit"] == 0, out
     assert out["preemptions"] > 0 and out["aborted"] > 0, out
 
