@@ -18,7 +18,7 @@ from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.lifeline import pid_alive
 from core.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, I32,
-                           ProtocolError, Rejected, Shutdown, StatsQuery, StepEvents,
+                           ProtocolError, Rejected, StatsQuery, StepEvents,
                            StepResult, WorkerReady)
 from core.steplog import StepLog
 from core.sched import AdmitError, Finished, QueueFull, Request, TokenEvent
@@ -61,7 +61,6 @@ class CoreLoop:
         self.id_of: dict[int, int] = {}    # frontend rid -> scheduler id
         self.worker_pid = 0
         self.info = None
-        self.stopping = False
         self.log: StepLog | None = None
         self._ready_pending: WorkerReady | None = None
 
@@ -116,7 +115,7 @@ class CoreLoop:
 
     def run(self) -> None:
         self.start()
-        while not self.stopping:
+        while True:
             busy = self.engine.sched.has_unfinished()
             if not busy:
                 self.engine.log.flush()
@@ -125,7 +124,6 @@ class CoreLoop:
                 self.replace_worker("it exited while idle", abandon=False)
             if self.engine.sched.has_unfinished():
                 self.step()
-        self.wk_out.send(Shutdown())
 
     def drain_inputs(self, block_ms: int) -> None:
         if not self.fe_in.poll(block_ms):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from core.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError, decode,  # noqa: F401
-                       encode, message, message_types)
+                       encode, message)
 
 # ---------------------------------------------------------------- shared payloads
 

@@ -196,7 +196,3 @@ def decode(data: bytes, accept: tuple[type, ...] | None = None,
     if cls is None or (accept is not None and cls not in accept):
         raise ProtocolError(400, f"unexpected message type {tag!r}")
     return _build(cls, d, tag)
-
-
-def message_types() -> dict[str, type]:
-    return dict(_REGISTRY)

@@ -13,7 +13,7 @@ import zmq
 import zmq.asyncio
 
 from core.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
-from frontend.client_base import (ClientError, Result, as_error, decode_reply,
+from frontend.client_base import (ClientError, Result, as_error, decode_reply, ends, settle,
                                   duplicate_error, make_generate, timeout_error)
 
 CLOSE_LINGER_MS = 250
@@ -107,11 +107,8 @@ class AsyncClient:
             await self._send(msg)
             while not done:
                 item = await self._next(queue)
-                if isinstance(item, ErrorReply):
-                    done = True
-                    raise as_error(item)
-                done = item.finish_reason is not None
-                yield item
+                done = ends(item)
+                yield settle(item)
         finally:
             self._queues.pop(rid, None)
             if not done and not self._closed:

@@ -14,7 +14,7 @@ import zmq
 
 from core.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.async_client import AsyncClient
-from frontend.client_base import (ClientError, Result, as_error, decode_reply,
+from frontend.client_base import (ClientError, Result, as_error, decode_reply, ends, settle,
                                   duplicate_error, make_generate, timeout_error)
 
 __all__ = ["AsyncClient", "Client", "ClientError", "Result"]
@@ -107,11 +107,8 @@ class Client:
         try:
             while not done:
                 item = self._next(request_id)
-                if isinstance(item, ErrorReply):
-                    done = True
-                    raise as_error(item)
-                done = item.finish_reason is not None
-                yield item
+                done = ends(item)
+                yield settle(item)
         finally:
             self._buffers.pop(request_id, None)
             if not done and not self._closed:

@@ -63,6 +63,18 @@ def decode_reply(frames: list[bytes]):
         return None
 
 
+def ends(item) -> bool:
+    """True for a request's last reply: an error, or the delta with a finish reason."""
+    return isinstance(item, ErrorReply) or item.finish_reason is not None
+
+
+def settle(item) -> Delta:
+    """The delta itself, or ClientError for an error reply."""
+    if isinstance(item, ErrorReply):
+        raise as_error(item)
+    return item
+
+
 def as_error(reply: ErrorReply) -> ClientError:
     return ClientError(reply.code, reply.message)
 
