@@ -136,6 +136,6 @@ def test_decodes_of_very_different_lengths_are_grouped_and_match_stock(runner, s
     for s in seqs:
         s.append(rng.randrange(512))
     batch = make_batch([Part(s, len(s) - 1, 1, t) for s, t in zip(seqs, tables)], BS)
-    groups = build_step(batch, runner.kv, 2).paged.decode_groups
+    groups = build_step(batch, runner.kv).paged.decode_groups
     assert len(groups) > 1 and sum(len(g.tables) for g in groups) == len(seqs)
     check(runner, stock, batch, seqs)

@@ -2,11 +2,14 @@
 
 The model runs all sequences of a step flattened as one row of T tokens. Every layer's
 attention call writes the step's K/V into the paged cache at the slot mapping, then
-attends from the cache: the leading run of one-token sequences (decodes) in one masked
-SDPA call, each longer chunk alone with a causal mask offset by its cached prefix.
+attends from the cache: the leading run of one-token sequences (decodes) through the C
+kernel of worker/native.py where it is built (CPU fp32), else gathered into a few masked
+SDPA calls; each longer chunk alone with a causal mask offset by its cached prefix.
 
-GQA never expands the cache: the query heads sharing a KV head are folded into the query
-length (query head h = kv_head * rep + r, transformers' layout), so SDPA sees KV heads only.
+GQA never expands the cache: for decodes the query heads sharing a KV head are folded into
+the query length (query head h = kv_head * rep + r, transformers' layout); chunks use SDPA's
+enable_gqa. Every SDPA call is 4-D: on CPU a 3-D call falls back to the math kernel (2.6x
+slower on a 512-token chunk of smol).
 
 No mask function is registered for "tl_paged": transformers 5.24 then builds no attention
 mask at all (create_causal_mask returns None for attention names it has no mask for),
@@ -20,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from worker import native
+
 NAME = "tl_paged"
 KWARG = "tl_paged"  # the model(...) keyword that carries the PagedStep to every layer
 
@@ -30,7 +35,7 @@ class Chunk:
     begin: int
     end: int
     slots: torch.Tensor        # [context] cache slots of positions 0..context-1
-    mask: torch.Tensor         # [rep * length, context] bool, True = attend
+    mask: torch.Tensor | None  # [1, 1, length, context] bool, True = attend; None = causal
 
 
 @dataclass
@@ -43,12 +48,20 @@ class DecodeGroup:
 
 
 @dataclass
+class NativeDecode:
+    """All decodes for the C kernel, which reads the pool in place (no groups needed)."""
+    tables: torch.Tensor         # [n, width] int64 block ids
+    context: torch.Tensor        # [n] int64
+
+
+@dataclass
 class PagedStep:
     kv: torch.Tensor             # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
     slot_mapping: torch.Tensor   # [T] long, where each query token's K/V go
     num_decode: int              # the first num_decode tokens are one-token sequences
     decode_groups: list[DecodeGroup]
     chunks: list[Chunk]
+    native: NativeDecode | None = None   # set: decodes take the C kernel, not the groups
 
 
 def paged_attention(module, query, key, value, attention_mask=None, scaling=None, **kwargs):
@@ -76,6 +89,9 @@ def paged_attention(module, query, key, value, attention_mask=None, scaling=None
 def _decode(q, cache, step: PagedStep, rep: int, scaling) -> torch.Tensor:
     """q [H, n, D] for n one-token sequences -> [n, H, D]."""
     heads, n, dim = q.shape
+    if step.native is not None:
+        return native.paged_decode(q.transpose(0, 1), cache[0], cache[1], step.native.tables,
+                                   step.native.context, scaling)
     qg = q.transpose(0, 1).reshape(n, heads // rep, rep, dim)   # [n, KVH, rep, D]
     groups = step.decode_groups
     if len(groups) == 1 and groups[0].rows is None:
@@ -103,12 +119,12 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
 
 def _chunk(q, flat, c: Chunk, rep: int, scaling) -> torch.Tensor:
     """q [H, m, D] for one sequence's m query tokens -> [m, H, D]."""
-    heads, m, dim = q.shape
-    qg = q.reshape(heads // rep, rep * m, dim)
     k = flat[0].index_select(0, c.slots).transpose(0, 1)        # [KVH, ctx, D]
     v = flat[1].index_select(0, c.slots).transpose(0, 1)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=c.mask, scale=scaling)
-    return o.view(heads, m, dim).transpose(0, 1)
+    o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=c.mask,
+                                       is_causal=c.mask is None, scale=scaling,
+                                       enable_gqa=rep > 1)
+    return o[0].transpose(0, 1)
 
 
 def register() -> None:

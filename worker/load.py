@@ -36,7 +36,10 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     import torch
 
     from worker import kv
+    from worker.heap import keep_heap
     from worker.runner import ModelRunner
+
+    keep_heap()
 
     path = resolve_model(model)
     hf = load_model(path, device, dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from core.protocol import I32, ForwardBatch, ModelInfo
+from worker import native
 from worker.attention import KWARG
 from worker.sampler import SampleParams, sample
 from worker.step import build_step
@@ -17,15 +18,16 @@ class ModelRunner:
         self.kv = kv
         self.info = info
         cfg = model.config
-        self._rep = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None)
-                                                or cfg.num_attention_heads)
+        rep = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None)
+                                          or cfg.num_attention_heads)
+        self.native = native.usable(kv, rep)
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch) -> torch.Tensor:
         """[num_sample_rows, vocab] logits of the sampled rows, in sample_rows order."""
         if batch.num_tokens == 0:
             return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
-        s = build_step(batch, self.kv, self._rep)
+        s = build_step(batch, self.kv, self.native)
         out = self.model(input_ids=s.input_ids, position_ids=s.positions, use_cache=False,
                          logits_to_keep=s.keep, **{KWARG: s.paged})
         return out.logits[0]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from core.protocol import ForwardBatch
-from worker.attention import Chunk, DecodeGroup, PagedStep
+from worker.attention import Chunk, DecodeGroup, NativeDecode, PagedStep
 
 
 @dataclass
@@ -29,8 +29,8 @@ def _long(a: array) -> torch.Tensor:
     return as_tensor(a, torch.int32).long()
 
 
-def build_step(batch: ForwardBatch, kv: torch.Tensor, rep: int) -> StepInputs:
-    """`rep` = query heads per KV head (the chunk masks are tiled to the folded query)."""
+def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False) -> StepInputs:
+    """`use_native`: decodes go to the C kernel (worker/native.py), which the caller checked."""
     device = kv.device
     block_size = kv.shape[3]
     qs = _long(batch.query_start)
@@ -39,19 +39,32 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, rep: int) -> StepInputs:
     if len(slots) and int(slots.max()) >= kv.shape[2] * block_size:
         raise ValueError("slot_mapping points past the KV pool")
     tables = _long(batch.block_tables).view(batch.num_seqs, batch.table_width)
+    _check_tables(tables, ctx, kv.shape[2], block_size)
     qlen = qs[1:] - qs[:-1]
     multi = (qlen != 1).nonzero()  # the leading one-token sequences take the decode path
     nd = int(multi[0, 0]) if len(multi) else batch.num_seqs
 
-    groups = decode_groups(ctx[:nd], tables[:nd], block_size, device)
-    chunks = [_chunk(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, rep, device)
+    fast = nd > 0 and use_native
+    groups = [] if fast else decode_groups(ctx[:nd], tables[:nd], block_size, device)
+    chunks = [_chunk(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, device)
               for i in range(nd, batch.num_seqs)]
     keep = qs[1:][_long(batch.sample_rows)] - 1
     paged = PagedStep(kv=kv, slot_mapping=slots.to(device), num_decode=nd,
-                      decode_groups=groups, chunks=chunks)
+                      decode_groups=groups, chunks=chunks,
+                      native=NativeDecode(tables[:nd].contiguous(), ctx[:nd].contiguous())
+                      if fast else None)
     return StepInputs(input_ids=_long(batch.input_ids).view(1, -1).to(device),
                       positions=_long(batch.positions).view(1, -1).to(device),
                       keep=keep.to(device), paged=paged)
+
+
+def _check_tables(tables: torch.Tensor, ctx: torch.Tensor, num_blocks: int,
+                  block_size: int) -> None:
+    """The native kernel reads the pool at these ids unchecked: refuse what points outside."""
+    if tables.numel() and (int(tables.min()) < 0 or int(tables.max()) >= num_blocks):
+        raise ValueError("block_tables point outside the KV pool")
+    if len(ctx) and (int(ctx.min()) < 1 or int(ctx.max()) > tables.shape[1] * block_size):
+        raise ValueError("context_lens exceed the block tables")
 
 
 GROUP_SLACK = 1.5   # a decode joins a group while the group's width <= 1.5x its own
@@ -89,11 +102,14 @@ def _group(rows, ctx, tables, width: int, block_size: int, device) -> DecodeGrou
                        mask=mask.view(len(c), 1, 1, -1).to(device))
 
 
-def _chunk(begin: int, end: int, context: int, table: torch.Tensor, block_size: int, rep: int,
+def _chunk(begin: int, end: int, context: int, table: torch.Tensor, block_size: int,
            device) -> Chunk:
-    """Query token i sits at position start + i and sees positions <= start + i."""
+    """Query token i sits at position start + i and sees positions <= start + i: plain
+    causal when the chunk is the whole context, else a mask offset by the prefix."""
     start = context - (end - begin)
     pos = torch.arange(context)
     slots = table[pos // block_size] * block_size + pos % block_size
+    if start == 0:
+        return Chunk(begin, end, slots.to(device), None)
     mask = pos[None, :] <= torch.arange(start, context)[:, None]
-    return Chunk(begin, end, slots.to(device), mask.repeat(rep, 1).to(device))
+    return Chunk(begin, end, slots.to(device), mask.view(1, 1, *mask.shape).to(device))

@@ -1,0 +1,171 @@
+/* Paged attention for one-token queries (decodes), read straight from the block pool.
+ *
+ * The torch path gathers each decode's blocks into a contiguous copy, then runs SDPA on
+ * it: the KV bytes cross memory three times (read, write, read). Here each (sequence,
+ * KV head) pair reads its keys once for the scores and its values once for the output.
+ *
+ * Layouts (fp32, contiguous):
+ *   q, out   [n, kv_heads * rep, dim]  query head h = g * rep + r uses KV head g
+ *   k, v     [num_blocks, block_size, kv_heads, dim]  one layer's half of the pool
+ *   tables   [n, table_stride] block ids;  ctx [n] context lengths (>= 1)
+ * tl_paged_decode_supports says which shapes it takes. Written with GCC vector
+ * extensions, so -march picks the instruction set.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+#define MAX_DV 8                       /* dim / 16 */
+#define MAX_REP 16                     /* query heads per KV head */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE v16 load(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+INLINE void store(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+INLINE float hsum(v16 v) {
+    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+         + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+/* exp(x) for x <= 0: 2^-k * e^f with f in [-ln2/2, ln2/2]; degree-7 Taylor, relative
+ * error < 1e-8 (below fp32 rounding). Written without libm so the loop vectorizes. */
+INLINE float exp_nonpos(float x) {
+    if (x < -87.0f) x = -87.0f;
+    float t = -x * 1.44269504088896341f;
+    int k = (int)(t + 0.5f);                         /* t >= 0: truncation rounds */
+    float f = (t - (float)k) * -0.69314718055994531f;
+    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (
+              1.0f / 120 + f * (1.0f / 720 + f * (1.0f / 5040)))))));
+    union { uint32_t u; float f; } two = { (uint32_t)(127 - k) << 23 };
+    return p * two.f;
+}
+
+/* [q.k_0, ..., q.k_15] for 16 positions at `stride` floats apart: each position's 16 lane
+ * partials are summed in a transposing tree (15 shuffle-adds for 16 dots, where one
+ * horizontal sum per dot costs 4). */
+#define SHUF(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+INLINE v16 dots16(const v16 *qv, const float *k, int64_t stride, int dv) {
+    v16 a[16], b[8], c[4], d[2];
+    for (int p = 0; p < 16; p++) {
+        const float *kt = k + p * stride;
+        a[p] = qv[0] * load(kt);
+        for (int j = 1; j < dv; j++) a[p] += qv[j] * load(kt + 16 * j);
+    }
+    for (int p = 0; p < 8; p++)   /* lanes 0-7: position p; 8-15: position p + 8 */
+        b[p] = SHUF(a[p], a[p + 8], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + SHUF(a[p], a[p + 8], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int p = 0; p < 4; p++)   /* lane quads: p, p + 4, p + 8, p + 12 */
+        c[p] = SHUF(b[p], b[p + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+             + SHUF(b[p], b[p + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int p = 0; p < 2; p++)   /* lane pairs: p, p + 2, ..., p + 14 */
+        d[p] = SHUF(c[p], c[p + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+             + SHUF(c[p], c[p + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    return SHUF(d[0], d[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+         + SHUF(d[0], d[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+}
+
+/* s[r * ctx + t] = scale * q_r . k_t for each of the rep query heads, positions along the
+ * block table; each block's rows are read from memory once for all rep heads. */
+INLINE void scores(const float *q, const float *k, const int64_t *table, int64_t ctx,
+                   int64_t row, int bs, int rep, int dv, float scale, float *restrict s) {
+    for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
+        const float *kb = k + table[b] * bs * row;
+        const int64_t len = ctx - t0 < bs ? ctx - t0 : bs;
+        for (int r = 0; r < rep; r++) {
+            v16 qv[MAX_DV];
+            for (int j = 0; j < dv; j++) qv[j] = load(q + (r * dv + j) * 16);
+            float *sr = s + r * ctx + t0;
+            int64_t p = 0;
+            for (; p + 16 <= len; p += 16)
+                store(sr + p, dots16(qv, kb + p * row, row, dv) * scale);
+            for (; p < len; p++) {
+                const float *kt = kb + p * row;
+                v16 acc = qv[0] * load(kt);
+                for (int j = 1; j < dv; j++) acc += qv[j] * load(kt + 16 * j);
+                sr[p] = hsum(acc) * scale;
+            }
+        }
+    }
+}
+
+/* s <- softmax numerators in place; returns their sum. */
+INLINE float softmax(float *restrict s, int64_t ctx) {
+    float m = s[0];
+    for (int64_t t = 1; t < ctx; t++) m = s[t] > m ? s[t] : m;
+    float sum = 0.0f;
+    #pragma omp simd reduction(+:sum)
+    for (int64_t t = 0; t < ctx; t++) { s[t] = exp_nonpos(s[t] - m); sum += s[t]; }
+    return sum;
+}
+
+/* out_r = (sum_t w[r * ctx + t] * v_t) / total[r]; each value row read once for all r. */
+INLINE void weighted_values(const float *v, const int64_t *table, int64_t ctx, int64_t row,
+                            int bs, int rep, int dv, const float *restrict w,
+                            const float *total, float *restrict out) {
+    v16 acc[MAX_REP * MAX_DV];
+    for (int i = 0; i < rep * dv; i++) acc[i] = (v16){0};
+    for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
+        const float *vb = v + table[b] * bs * row;
+        const int64_t len = ctx - t0 < bs ? ctx - t0 : bs;
+        for (int64_t p = 0; p < len; p++) {
+            v16 vt[MAX_DV];
+            for (int j = 0; j < dv; j++) vt[j] = load(vb + p * row + 16 * j);
+            for (int r = 0; r < rep; r++) {
+                const float wt = w[r * ctx + t0 + p];
+                for (int j = 0; j < dv; j++) acc[r * dv + j] += wt * vt[j];
+            }
+        }
+    }
+    for (int r = 0; r < rep; r++)
+        for (int j = 0; j < dv; j++) store(out + (r * dv + j) * 16, acc[r * dv + j] / total[r]);
+}
+
+INLINE void attend(const float *q, const float *k, const float *v, const int64_t *table,
+                   int64_t ctx, int kv_heads, int rep, int bs, int dv, float scale,
+                   float *out, float *s) {
+    const int64_t row = (int64_t)kv_heads * dv * 16;   /* floats between two positions */
+    float total[MAX_REP];
+    scores(q, k, table, ctx, row, bs, rep, dv, scale, s);
+    for (int r = 0; r < rep; r++) total[r] = softmax(s + r * ctx, ctx);
+    weighted_values(v, table, ctx, row, bs, rep, dv, s, total, out);
+}
+
+/* What the kernel takes: head dim 64 or 128, at most MAX_REP query heads per KV head. */
+int tl_paged_decode_supports(int dim, int rep) {
+    return (dim == 64 || dim == 128) && rep >= 1 && rep <= MAX_REP;
+}
+
+/* Returns 0; -1 if scratch memory could not be allocated, -2 for an unsupported shape. */
+int tl_paged_decode(const float *q, const float *k, const float *v, const int64_t *tables,
+                    int64_t table_stride, const int64_t *ctx, int n, int kv_heads, int rep,
+                    int dim, int block_size, float scale, float *out, int threads) {
+    if (!tl_paged_decode_supports(dim, rep)) return -2;
+    int64_t longest = 1;
+    for (int i = 0; i < n; i++) longest = ctx[i] > longest ? ctx[i] : longest;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) reduction(|:failed)
+    {
+        float *s = malloc(sizeof(float) * (size_t)rep * (size_t)longest);
+        if (s == NULL) failed = 1;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < (int64_t)n * kv_heads; item++) {
+            if (s == NULL) continue;
+            const int64_t i = item / kv_heads, g = item % kv_heads;
+            const int64_t head = (i * kv_heads + g) * rep * dim;
+            const int64_t *table = tables + i * table_stride;
+            if (dim == 64)
+                attend(q + head, k + g * dim, v + g * dim, table, ctx[i], kv_heads, rep,
+                       block_size, 4, scale, out + head, s);
+            else
+                attend(q + head, k + g * dim, v + g * dim, table, ctx[i], kv_heads, rep,
+                       block_size, 8, scale, out + head, s);
+        }
+        free(s);
+    }
+    return failed ? -1 : 0;
+}

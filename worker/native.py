@@ -1,0 +1,114 @@
+"""The C decode-attention kernel (csrc/paged_decode.c): built once per machine with the
+system C compiler, loaded with ctypes. Absent (no compiler, not glibc/Linux, TL_NATIVE=0)
+the worker keeps the torch path, which gives the same results up to fp32 rounding.
+
+The library links libgomp by soname; torch has already loaded its own libgomp.so.1, so
+the kernel's OpenMP threads are torch's pool, not a second one competing for the cores.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+def enabled() -> bool:
+    return os.environ.get("TL_NATIVE", "1") != "0"
+
+
+@cache
+def kernel():
+    """The loaded tl_paged_decode function, or None (with one line on stderr saying why)."""
+    if not enabled():
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build()))
+        fn = lib.tl_paged_decode
+    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        print(f"[worker] native decode attention unavailable, using torch: {e}",
+              file=sys.stderr, flush=True)
+        return None
+    fn.argtypes = (_P, _P, _P, _P, _I64, _P, _INT, _INT, _INT, _INT, _INT, _F, _P, _INT)
+    fn.restype = _INT
+    fn.supports = lib.tl_paged_decode_supports
+    fn.supports.argtypes = (_INT, _INT)
+    return fn
+
+
+def _build() -> Path:
+    """The shared library for this source, compiler and CPU, compiled if missing."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) on PATH")
+    key = hashlib.blake2b(SOURCE.read_bytes(), digest_size=8)
+    for part in (cc, *FLAGS, _compiler_version(cc), _cpu_flags()):
+        key.update(part.encode())
+    from worker.presets import cache_root
+    out = cache_root().parent / "native" / f"paged_decode-{key.hexdigest()}.so"
+    if not out.exists():
+        _compile(cc, out)
+    return out
+
+
+def _compile(cc: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+                           text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:500]}")
+        os.replace(tmp, out)  # atomic: concurrent workers each build, one copy wins
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _compiler_version(cc: str) -> str:
+    r = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    return r.stdout.splitlines()[0] if r.stdout else ""
+
+
+def _cpu_flags() -> str:
+    """-march=native code runs only where these flags hold."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def usable(kv: torch.Tensor, rep: int) -> bool:
+    """For a pool [layers, 2, blocks, B, kv_heads, head_dim] and rep query heads per KV head."""
+    if kv.device.type != "cpu" or kv.dtype != torch.float32 or not kv.is_contiguous():
+        return False
+    fn = kernel()
+    return fn is not None and bool(fn.supports(kv.shape[-1], rep))
+
+
+def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
+                 ctx: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [n, H, D]; k, v [blocks, B, KVH, D]; tables [n, W] and ctx [n] int64 -> [n, H, D]."""
+    q = q.contiguous()
+    n, heads, dim = q.shape
+    kv_heads, block = k.shape[2], k.shape[1]
+    out = torch.empty_like(q)
+    rc = kernel()(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
+                  tables.stride(0), ctx.data_ptr(), n, kv_heads, heads // kv_heads, dim,
+                  block, scale, out.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("native decode attention could not allocate its scratch")
+    return out
