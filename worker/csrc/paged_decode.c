@@ -18,12 +18,29 @@
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 #define MAX_DV 8                       /* dim / 16 */
 #define MAX_REP 16                     /* query heads per KV head */
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE v16 load(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 INLINE void store(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one
+ * coming: ask for a block's rows (this head's part of each) one block ahead. */
+INLINE void prefetch_next(const float *base, const int64_t *table, int64_t b, int64_t t0,
+                          int64_t ctx, int bs, int64_t row, int dv) {
+    if (t0 + bs >= ctx) return;
+    const float *blk = base + table[b + 1] * bs * row;
+    const int64_t len = ctx - t0 - bs < bs ? ctx - t0 - bs : bs;
+    for (int64_t p = 0; p < len; p++)
+        for (int j = 0; j < dv; j++) __builtin_prefetch(blk + p * row + 16 * j, 0, 3);
+}
+
+INLINE v16 vmax(v16 a, v16 b) {
+    v16i more = a > b;
+    return (v16)(((v16i)a & more) | ((v16i)b & ~more));
+}
 
 INLINE float hsum(v16 v) {
     v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
@@ -32,17 +49,17 @@ INLINE float hsum(v16 v) {
     return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-/* exp(x) for x <= 0: 2^-k * e^f with f in [-ln2/2, ln2/2]; degree-7 Taylor, relative
- * error < 1e-8 (below fp32 rounding). Written without libm so the loop vectorizes. */
-INLINE float exp_nonpos(float x) {
-    if (x < -87.0f) x = -87.0f;
-    float t = -x * 1.44269504088896341f;
-    int k = (int)(t + 0.5f);                         /* t >= 0: truncation rounds */
-    float f = (t - (float)k) * -0.69314718055994531f;
-    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (
-              1.0f / 120 + f * (1.0f / 720 + f * (1.0f / 5040)))))));
-    union { uint32_t u; float f; } two = { (uint32_t)(127 - k) << 23 };
-    return p * two.f;
+/* exp(x) for x <= 0, 16 lanes: 2^-k * e^f with f in [-ln2/2, ln2/2] and a degree-7
+ * Taylor polynomial, relative error < 1e-8 (below fp32 rounding). */
+INLINE v16 exp_nonpos(v16 x) {
+    const v16 lo = (v16){0} - 87.0f;
+    x = vmax(x, lo);
+    v16 t = x * -1.44269504088896341f;
+    v16i k = __builtin_convertvector(t + 0.5f, v16i);   /* t >= 0: truncation rounds */
+    v16 f = (t - __builtin_convertvector(k, v16)) * -0.69314718055994531f;
+    v16 p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (
+            1.0f / 120 + f * (1.0f / 720 + f * (1.0f / 5040)))))));
+    return p * (v16)((127 - k) << 23);
 }
 
 /* [q.k_0, ..., q.k_15] for 16 positions at `stride` floats apart: each position's 16 lane
@@ -69,17 +86,19 @@ INLINE v16 dots16(const v16 *qv, const float *k, int64_t stride, int dv) {
          + SHUF(d[0], d[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
 }
 
-/* s[r * ctx + t] = scale * q_r . k_t for each of the rep query heads, positions along the
+/* s[r * ld + t] = scale * q_r . k_t for each of the rep query heads, positions along the
  * block table; each block's rows are read from memory once for all rep heads. */
 INLINE void scores(const float *q, const float *k, const int64_t *table, int64_t ctx,
-                   int64_t row, int bs, int rep, int dv, float scale, float *restrict s) {
+                   int64_t ld, int64_t row, int bs, int rep, int dv, float scale,
+                   float *restrict s) {
     for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
         const float *kb = k + table[b] * bs * row;
         const int64_t len = ctx - t0 < bs ? ctx - t0 : bs;
+        prefetch_next(k, table, b, t0, ctx, bs, row, dv);
         for (int r = 0; r < rep; r++) {
             v16 qv[MAX_DV];
             for (int j = 0; j < dv; j++) qv[j] = load(q + (r * dv + j) * 16);
-            float *sr = s + r * ctx + t0;
+            float *sr = s + r * ld + t0;
             int64_t p = 0;
             for (; p + 16 <= len; p += 16)
                 store(sr + p, dots16(qv, kb + p * row, row, dv) * scale);
@@ -93,30 +112,39 @@ INLINE void scores(const float *q, const float *k, const int64_t *table, int64_t
     }
 }
 
-/* s <- softmax numerators in place; returns their sum. */
+/* s <- softmax numerators in place (s has room for ctx rounded up to 16); returns their
+ * sum. */
 INLINE float softmax(float *restrict s, int64_t ctx) {
-    float m = s[0];
-    for (int64_t t = 1; t < ctx; t++) m = s[t] > m ? s[t] : m;
-    float sum = 0.0f;
-    #pragma omp simd reduction(+:sum)
-    for (int64_t t = 0; t < ctx; t++) { s[t] = exp_nonpos(s[t] - m); sum += s[t]; }
-    return sum;
+    const int64_t padded = (ctx + 15) & ~(int64_t)15;
+    for (int64_t t = ctx; t < padded; t++) s[t] = -1e30f;   /* exp gives 0 */
+    v16 m = load(s);
+    for (int64_t t = 16; t < padded; t += 16) m = vmax(m, load(s + t));
+    float top = m[0];
+    for (int i = 1; i < 16; i++) top = m[i] > top ? m[i] : top;
+    v16 sum = (v16){0};
+    for (int64_t t = 0; t < padded; t += 16) {
+        v16 e = exp_nonpos(load(s + t) - top);
+        store(s + t, e);
+        sum += e;
+    }
+    return hsum(sum);
 }
 
-/* out_r = (sum_t w[r * ctx + t] * v_t) / total[r]; each value row read once for all r. */
-INLINE void weighted_values(const float *v, const int64_t *table, int64_t ctx, int64_t row,
-                            int bs, int rep, int dv, const float *restrict w,
+/* out_r = (sum_t w[r * ld + t] * v_t) / total[r]; each value row read once for all r. */
+INLINE void weighted_values(const float *v, const int64_t *table, int64_t ctx, int64_t ld,
+                            int64_t row, int bs, int rep, int dv, const float *restrict w,
                             const float *total, float *restrict out) {
     v16 acc[MAX_REP * MAX_DV];
     for (int i = 0; i < rep * dv; i++) acc[i] = (v16){0};
     for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
         const float *vb = v + table[b] * bs * row;
         const int64_t len = ctx - t0 < bs ? ctx - t0 : bs;
+        prefetch_next(v, table, b, t0, ctx, bs, row, dv);
         for (int64_t p = 0; p < len; p++) {
             v16 vt[MAX_DV];
             for (int j = 0; j < dv; j++) vt[j] = load(vb + p * row + 16 * j);
             for (int r = 0; r < rep; r++) {
-                const float wt = w[r * ctx + t0 + p];
+                const float wt = w[r * ld + t0 + p];
                 for (int j = 0; j < dv; j++) acc[r * dv + j] += wt * vt[j];
             }
         }
@@ -129,10 +157,11 @@ INLINE void attend(const float *q, const float *k, const float *v, const int64_t
                    int64_t ctx, int kv_heads, int rep, int bs, int dv, float scale,
                    float *out, float *s) {
     const int64_t row = (int64_t)kv_heads * dv * 16;   /* floats between two positions */
+    const int64_t ld = (ctx + 15) & ~(int64_t)15;      /* s holds one padded row per head */
     float total[MAX_REP];
-    scores(q, k, table, ctx, row, bs, rep, dv, scale, s);
-    for (int r = 0; r < rep; r++) total[r] = softmax(s + r * ctx, ctx);
-    weighted_values(v, table, ctx, row, bs, rep, dv, s, total, out);
+    scores(q, k, table, ctx, ld, row, bs, rep, dv, scale, s);
+    for (int r = 0; r < rep; r++) total[r] = softmax(s + r * ld, ctx);
+    weighted_values(v, table, ctx, ld, row, bs, rep, dv, s, total, out);
 }
 
 /* What the kernel takes: head dim 64 or 128, at most MAX_REP query heads per KV head. */
@@ -150,7 +179,8 @@ int tl_paged_decode(const float *q, const float *k, const float *v, const int64_
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
-        float *s = malloc(sizeof(float) * (size_t)rep * (size_t)longest);
+        const int64_t room = (longest + 15) & ~(int64_t)15;
+        float *s = malloc(sizeof(float) * (size_t)rep * (size_t)room);
         if (s == NULL) failed = 1;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < (int64_t)n * kv_heads; item++) {
