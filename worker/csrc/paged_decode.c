@@ -116,7 +116,7 @@ INLINE void scores(const float *q, const float *k, const int64_t *table, int64_t
  * sum. */
 INLINE float softmax(float *restrict s, int64_t ctx) {
     const int64_t padded = (ctx + 15) & ~(int64_t)15;
-    for (int64_t t = ctx; t < padded; t++) s[t] = -1e30f;   /* exp gives 0 */
+    for (int64_t t = ctx; t < padded; t++) s[t] = -1e30f;   /* weight ~1e-38: none */
     v16 m = load(s);
     for (int64_t t = 16; t < padded; t += 16) m = vmax(m, load(s + t));
     float top = m[0];
