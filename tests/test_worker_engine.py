@@ -12,7 +12,8 @@ from core.engine import Engine
 from core.protocol import SamplingParams
 from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig
 from worker.load import make_runner, resolve_model
-from worker.presets import Preset, write_checkpoint
+
+from tests.checkpoints import make_checkpoint
 
 GREEDY = SamplingParams()
 LENGTHS = (1, 3, 16, 17, 40, 100, 200, 300)
@@ -26,25 +27,19 @@ def runner():
 @pytest.fixture(scope="module")
 def qwen2_dir(tmp_path_factory):
     """A Qwen2-shaped checkpoint (attention biases, 3 query heads per KV head)."""
-    path = tmp_path_factory.mktemp("qwen2")
-    write_checkpoint(Preset("qwen2-test", "t", init_std=0.25, seed=3, config={
+    return make_checkpoint(tmp_path_factory, "qwen2", 3, {
         "model_type": "qwen2", "hidden_size": 96, "intermediate_size": 160,
         "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
-        "vocab_size": 384, "max_position_embeddings": 1024, "tie_word_embeddings": False,
-        "use_sliding_window": False, "eos_token_id": 256}), path)
-    return path
+        "vocab_size": 384, "use_sliding_window": False})
 
 
 @pytest.fixture(scope="module")
 def mistral_dir(tmp_path_factory):
     """Mistral-shaped, with a sliding window shorter than its positions."""
-    path = tmp_path_factory.mktemp("mistral")
-    write_checkpoint(Preset("mistral-test", "t", init_std=0.25, seed=4, config={
+    return make_checkpoint(tmp_path_factory, "mistral", 4, {
         "model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
-        "vocab_size": 320, "sliding_window": 64, "max_position_embeddings": 1024,
-        "tie_word_embeddings": False, "eos_token_id": 256}), path)
-    return path
+        "vocab_size": 320, "sliding_window": 64})
 
 
 def prompts(vocab: int, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:

@@ -11,9 +11,9 @@ from transformers import AutoModelForCausalLM
 from worker import native
 from worker.batches import Part, make_batch
 from worker.load import make_runner
-from worker.presets import Preset, write_checkpoint
 from worker.step import build_step
 
+from tests.checkpoints import make_checkpoint
 from tests.test_worker_engine import alone, prompts, stock_greedy
 
 pytestmark = pytest.mark.skipif(native.kernel() is None,
@@ -58,13 +58,10 @@ def test_kernel_matches_float64_reference(dim, rep, bs, sharp):
 @pytest.fixture(scope="module")
 def d64_dir(tmp_path_factory):
     """Head dim 64 (what the kernel takes), 2 query heads per KV head."""
-    path = tmp_path_factory.mktemp("d64")
-    write_checkpoint(Preset("d64-test", "t", init_std=0.1, seed=5, config={
+    return make_checkpoint(tmp_path_factory, "d64", 5, {
         "model_type": "llama", "hidden_size": 256, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": 320, "max_position_embeddings": 1024, "tie_word_embeddings": False,
-        "eos_token_id": 256}), path)
-    return path
+        "vocab_size": 320}, init_std=0.1)
 
 
 def test_model_on_the_kernel_matches_transformers_generate(d64_dir):

@@ -30,21 +30,21 @@ def enabled() -> bool:
 
 @cache
 def kernel():
-    """The loaded tl_paged_decode function, or None (with one line on stderr saying why)."""
+    """The loaded library (tl_paged_decode, tl_paged_decode_supports), or None, with one
+    line on stderr saying why."""
     if not enabled():
         return None
     try:
         lib = ctypes.CDLL(str(_build()))
-        fn = lib.tl_paged_decode
     except (OSError, subprocess.SubprocessError, RuntimeError) as e:
         print(f"[worker] native decode attention unavailable, using torch: {e}",
               file=sys.stderr, flush=True)
         return None
-    fn.argtypes = (_P, _P, _P, _P, _I64, _P, _INT, _INT, _INT, _INT, _INT, _F, _P, _INT)
-    fn.restype = _INT
-    fn.supports = lib.tl_paged_decode_supports
-    fn.supports.argtypes = (_INT, _INT)
-    return fn
+    lib.tl_paged_decode.argtypes = (_P, _P, _P, _P, _I64, _P, _INT, _INT, _INT, _INT, _INT,
+                                    _F, _P, _INT)
+    lib.tl_paged_decode.restype = _INT
+    lib.tl_paged_decode_supports.argtypes = (_INT, _INT)
+    return lib
 
 
 def _build() -> Path:
@@ -95,8 +95,8 @@ def usable(kv: torch.Tensor, rep: int) -> bool:
     """For a pool [layers, 2, blocks, B, kv_heads, head_dim] and rep query heads per KV head."""
     if kv.device.type != "cpu" or kv.dtype != torch.float32 or not kv.is_contiguous():
         return False
-    fn = kernel()
-    return fn is not None and bool(fn.supports(kv.shape[-1], rep))
+    lib = kernel()
+    return lib is not None and bool(lib.tl_paged_decode_supports(kv.shape[-1], rep))
 
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
@@ -106,9 +106,13 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torc
     n, heads, dim = q.shape
     kv_heads, block = k.shape[2], k.shape[1]
     out = torch.empty_like(q)
-    rc = kernel()(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
-                  tables.stride(0), ctx.data_ptr(), n, kv_heads, heads // kv_heads, dim,
-                  block, scale, out.data_ptr(), torch.get_num_threads())
+    rc = kernel().tl_paged_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
+                                  tables.stride(0), ctx.data_ptr(), n, kv_heads,
+                                  heads // kv_heads, dim, block, scale, out.data_ptr(),
+                                  torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"native decode attention takes no head dim {dim} with "
+                         f"{heads // kv_heads} query heads per KV head")
     if rc != 0:
         raise MemoryError("native decode attention could not allocate its scratch")
     return out
