@@ -31,6 +31,9 @@ def is_loopback(address: str) -> bool:
     return is_loopback_host(urlsplit(address).hostname or "")
 
 
+PEER_TIMEOUT_MS = 30_000
+
+
 def _make(ctx: zmq.Context, kind: int, max_bytes: int) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -45,14 +48,25 @@ class Channel:
 
     def __init__(self, ctx: zmq.Context, kind: int, address: str, *, bind: bool,
                  accept: tuple[type, ...] | None = None,
-                 max_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+                 max_bytes: int = DEFAULT_MAX_FRAME_BYTES, unbounded: bool = False):
         self.sock = _make(ctx, kind, max_bytes)
+        if unbounded:  # set before bind/connect: a pipe takes its high-water mark then
+            self.sock.setsockopt(zmq.SNDHWM, 0)
+            self.sock.setsockopt(zmq.RCVHWM, 0)
         self.accept, self.max_bytes = accept, max_bytes
         (self.sock.bind if bind else self.sock.connect)(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT) if bind else address
 
     def send(self, msg) -> None:
         self.sock.send(encode(msg), copy=False)
+
+    def try_send(self, msg) -> bool:
+        """False (nothing sent) when no peer can take it now: none connected, or full."""
+        try:
+            self.sock.send(encode(msg), zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
 
     def recv(self, flags: int = 0):
         """The next message; raises ProtocolError for a bad frame (it is consumed)."""
@@ -77,9 +91,16 @@ class Router:
         # A send to a peer that is gone raises instead of being dropped silently: that
         # is how the frontend learns a client disappeared.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.SNDHWM, 100_000)  # a slow reader is not a vanished one
+        # A slow or busy peer is not a vanished one: no high-water mark drops or refuses
+        # its frames (the owner bounds what each peer may have in flight), zmq keeps
+        # reading, so heartbeats are never stuck behind unread data, and only a peer
+        # silent at the transport level for HEARTBEAT_TIMEOUT is dropped.
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, PEER_TIMEOUT_MS)
+        # A client that reconnects (same routing id) takes its identity over at once.
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.accept, self.max_bytes = accept, max_bytes
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -15,9 +15,28 @@ import msgpack
 
 from core.batch import build_batch, sampled_ids
 from core.protocol import ForwardBatch, SamplingParams
-from core.sched import Finished, Request, ScheduleOutput, Scheduler, StepOutput, TokenEvent
+from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
+                        StepOutput, TokenEvent)
 
 SEED_MASK = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
+
+
+def check_ranges(req: Request, sampling: SamplingParams) -> None:
+    """What the batch's int32/int64 columns and the log's integers can hold. The frontend
+    checks tighter bounds (vocabulary, max_model_len); this keeps a value that slipped past
+    it from failing later, inside a step or the log writer, where it would hurt others."""
+    t, p, k, s = sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
+    if not isinstance(req.max_tokens, int) or not 1 <= req.max_tokens <= SEED_MASK:
+        raise InvalidRequest(f"max_tokens must be in [1, 2**63), got {req.max_tokens!r}")
+    if not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+        raise InvalidRequest(f"temperature must be finite and >= 0, got {t!r}")
+    if not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {p!r}")
+    if not isinstance(k, int) or not 0 <= k <= INT32_MAX:
+        raise InvalidRequest(f"top_k must be in [0, 2**31), got {k!r}")
+    if s is not None and (not isinstance(s, int) or not 0 <= s <= SEED_MASK):
+        raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}")
 
 
 def derive_seed(engine_seed: int, rid: int) -> int:
@@ -104,6 +123,7 @@ class Engine:
             ignore_eos: bool = False, client_request_id: str = "") -> int:
         """Admit to the queue; raises the scheduler's AdmitError unchanged."""
         sampling = sampling or SamplingParams()
+        check_ranges(req, sampling)
         rid = self.sched.add(req)
         if sampling.temperature > 0 and sampling.seed is None:
             sampling = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k,
@@ -143,10 +163,9 @@ class Engine:
         t0 = time.perf_counter()
         out = self.sched.schedule()
         step = self.step_no - 1
-        batch = build_batch(step, out, self.sched, self._sampling) if build else None
-        self._planned = (out, step, t0)
+        self._planned = (out, step, t0)   # set first: a batch that fails to build is abandoned
         self.last_schedule = out
-        return batch
+        return build_batch(step, out, self.sched, self._sampling) if build else None
 
     def commit(self, tokens) -> list:
         """Apply the worker's tokens for the planned step; returns the scheduler's events.

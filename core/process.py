@@ -17,7 +17,7 @@ from core.channel import Channel
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.lifeline import pid_alive
-from core.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, I32,
+from core.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, Hello, I32,
                            ProtocolError, Rejected, StatsQuery, StepEvents,
                            StepResult, WorkerReady)
 from core.steplog import StepLog
@@ -50,9 +50,14 @@ def _log(msg: str) -> None:
 class CoreLoop:
     def __init__(self, cfg: CoreConfig, ctx: zmq.Context):
         self.cfg = cfg
+        # Unbounded both ways: the core reads its inputs even mid-step (into _inbox) and
+        # never blocks on a stalled frontend, so neither side ever drops or waits on the
+        # other; memory is bounded by the requests admitted.
         self.fe_in = Channel(ctx, zmq.PULL, cfg.frontend_in, bind=True,
-                             accept=(AddRequest, AbortRequest, StatsQuery, Drain))
-        self.fe_out = Channel(ctx, zmq.PUSH, cfg.frontend_out, bind=True)
+                             accept=(AddRequest, AbortRequest, StatsQuery, Drain, Hello),
+                             unbounded=True)
+        self.fe_out = Channel(ctx, zmq.PUSH, cfg.frontend_out, bind=True, unbounded=True)
+        self._inbox: list = []   # frontend inputs read during a step, applied after it
         self.wk_in = Channel(ctx, zmq.PULL, cfg.worker_in, bind=True,
                              accept=(WorkerReady, StepResult), max_bytes=1 << 30)
         self.wk_out = Channel(ctx, zmq.PUSH, cfg.worker_out, bind=True, max_bytes=1 << 30)
@@ -92,7 +97,7 @@ class CoreLoop:
         if self.cfg.log:
             self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info))
         self.engine = self.cfg.make_engine(msg.info, self.log)
-        self.fe_out.send(CoreReady(info=msg.info, pid=os.getpid(), worker_pid=msg.pid))
+        self.announce()
         _log(f"ready: {msg.info.model}, {msg.info.num_blocks} blocks of {msg.info.block_size}")
 
     def replace_worker(self, why: str, abandon: bool = True) -> None:
@@ -107,7 +112,7 @@ class CoreLoop:
             raise WorkerLost("the new worker's KV pool differs from the old one's")
         self.worker_pid = msg.pid
         preempted = self.engine.restart()
-        self.fe_out.send(CoreReady(info=msg.info, pid=os.getpid(), worker_pid=msg.pid))
+        self.announce()
         _log(f"worker {msg.pid} took over after {time.monotonic() - t0:.2f}s;"
              f" {len(preempted)} request(s) will recompute")
 
@@ -125,29 +130,65 @@ class CoreLoop:
             if self.engine.sched.has_unfinished():
                 self.step()
 
+    def announce(self) -> None:
+        """CoreReady to the frontend (dropped if none is connected: it says Hello)."""
+        self.send(CoreReady(info=self.info, pid=os.getpid(), worker_pid=self.worker_pid))
+
+    def send(self, msg) -> None:
+        if not self.fe_out.try_send(msg):
+            _log(f"no frontend connected: dropped {type(msg).__name__}")
+
     def drain_inputs(self, block_ms: int) -> None:
-        if not self.fe_in.poll(block_ms):
+        inbox, self._inbox = self._inbox, []
+        for msg in inbox:
+            self.handle(msg)
+        if not inbox and not self.fe_in.poll(block_ms):
             return
+        for msg in self.read_inputs():
+            self.handle(msg)
+
+    def read_inputs(self) -> list:
+        """Every frontend message waiting now, without blocking."""
+        out = []
         while True:
             try:
-                msg = self.fe_in.recv(zmq.NOBLOCK)
+                out.append(self.fe_in.recv(zmq.NOBLOCK))
             except zmq.Again:
-                return
+                return out
             except ProtocolError as e:
                 _log(f"dropped a bad frame from the frontend: {e}")
-                continue
-            self.handle(msg)
+
+    def collect_inputs(self) -> None:
+        """Mid-step: queue inputs for after the step (stats are answered at once)."""
+        for msg in self.read_inputs():
+            if isinstance(msg, StatsQuery):
+                self.handle(msg)
+            else:
+                self._inbox.append(msg)
 
     def handle(self, msg) -> None:
         if isinstance(msg, AddRequest):
             self.add(msg)
+        elif isinstance(msg, Hello):
+            self.hello(msg)
         elif isinstance(msg, AbortRequest):
             sid = self.id_of.pop(msg.rid, None)
             if sid is not None:
                 self.rid_of.pop(sid, None)
                 self.engine.abort(sid)
         elif isinstance(msg, StatsQuery):
-            self.fe_out.send(CoreStats(qid=msg.qid, stats=self.stats()))
+            self.send(CoreStats(qid=msg.qid, stats=self.stats()))
+
+    def hello(self, msg: Hello) -> None:
+        """A new frontend: the requests of the one before it have nobody to answer to."""
+        orphans = list(self.id_of.values())
+        for sid in orphans:
+            self.engine.abort(sid)
+        self.id_of.clear()
+        self.rid_of.clear()
+        if orphans:
+            _log(f"frontend {msg.pid} connected: aborted {len(orphans)} request(s) of the one before")
+        self.announce()
 
     def add(self, msg: AddRequest) -> None:
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
@@ -156,12 +197,20 @@ class CoreLoop:
                                   client_request_id=msg.client_request_id)
         except AdmitError as e:
             code = 429 if isinstance(e, QueueFull) else 400
-            self.fe_out.send(Rejected(rid=msg.rid, code=code, message=str(e) or type(e).__name__))
+            self.send(Rejected(rid=msg.rid, code=code, message=str(e) or type(e).__name__))
+            return
+        except Exception as e:  # a bug must fail this request, not the engine
+            _log(f"request {msg.rid} failed at admission: {e!r}")
+            self.send(Rejected(rid=msg.rid, code=500, message=f"internal error: {e!r}"))
             return
         self.rid_of[sid], self.id_of[msg.rid] = msg.rid, sid
 
     def step(self) -> None:
-        batch = self.engine.plan()
+        try:
+            batch = self.engine.plan()
+        except Exception as e:  # a bug must fail the step's requests, not the engine
+            self.fail_step(e)
+            return
         try:
             tokens = self.forward(batch) if batch.num_seqs else []
         except WorkerDied as e:
@@ -169,12 +218,32 @@ class CoreLoop:
             return
         self.publish(self.engine.commit(tokens))
 
+    def fail_step(self, e: Exception) -> None:
+        """The planned step could not be built: abandon it and fail the requests in it
+        with an error reply (their aborts are logged); every other request runs on."""
+        out = self.engine.last_schedule
+        self.engine.commit(None)
+        suspects = [*out.decode, *(c.id for c in out.prefill)]
+        _log(f"step failed ({e!r}): failing request(s) {sorted(set(suspects))}")
+        for sid in dict.fromkeys(suspects):
+            rid = self.rid_of.pop(sid, None)
+            self.engine.abort(sid)
+            if rid is not None:
+                del self.id_of[rid]
+                self.send(Rejected(rid=rid, code=500, message=f"internal error: {e!r}"))
+
     def forward(self, batch) -> I32:
         """The worker's tokens for `batch`; WorkerDied if it dies or hangs meanwhile."""
         self.wk_out.send(batch)
         deadline = time.monotonic() + self.cfg.step_timeout
+        poller = zmq.Poller()
+        poller.register(self.wk_in.sock, zmq.POLLIN)
+        poller.register(self.fe_in.sock, zmq.POLLIN)
         while True:
-            if self.wk_in.poll(int(WORKER_CHECK_S * 1000)):
+            ready = dict(poller.poll(int(WORKER_CHECK_S * 1000)))
+            if self.fe_in.sock in ready:
+                self.collect_inputs()
+            if self.wk_in.sock in ready:
                 msg = self.wk_in.recv()
                 if isinstance(msg, StepResult) and msg.step == batch.step:
                     if len(msg.tokens) != len(batch.sample_rows):
@@ -202,7 +271,7 @@ class CoreLoop:
                 finished.append([rid, ev.reason.value])
                 del self.rid_of[ev.id], self.id_of[rid]
         if rids or finished:
-            self.fe_out.send(StepEvents(rids=rids, tokens=tokens, finished=finished))
+            self.send(StepEvents(rids=rids, tokens=tokens, finished=finished))
 
     def stats(self) -> dict:
         st = self.engine.sched.stats()

@@ -115,6 +115,13 @@ class StatsQuery:
     qid: int
 
 
+@message("hello")
+class Hello:
+    """A frontend (re)started: the core aborts every request of earlier frontends and
+    answers CoreReady once its engine runs."""
+    pid: int
+
+
 @message("drain")
 class Drain:
     """The frontend stops accepting; the core finishes what runs."""

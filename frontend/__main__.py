@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
+    p.add_argument("--max-inflight-per-client", type=int, default=1024,
+                   help="requests one client may have unfinished at once (more get 429)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -46,13 +48,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         logging.warning("binding %s: the engine is reachable from other hosts "
                         "(no authentication)", args.address)
-    if args.max_frame_bytes < 1 or args.drain_timeout < 0:
-        print("frontend: --max-frame-bytes must be >= 1 and --drain-timeout >= 0",
-              file=sys.stderr)
+    if args.max_frame_bytes < 1 or args.drain_timeout < 0 or args.max_inflight_per_client < 1:
+        print("frontend: --max-frame-bytes and --max-inflight-per-client must be >= 1 and"
+              " --drain-timeout >= 0", file=sys.stderr)
         return 2
     try:
         fe = Frontend(FrontendConfig(args.core_in, args.core_out, args.address,
-                                     args.max_frame_bytes, args.drain_timeout))
+                                     args.max_frame_bytes, args.drain_timeout,
+                                     args.max_inflight_per_client))
     except zmq.ZMQError as e:
         print(f"frontend: cannot open {args.address}: {e}", file=sys.stderr)
         return 1

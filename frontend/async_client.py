@@ -13,8 +13,9 @@ import zmq
 import zmq.asyncio
 
 from core.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
-from frontend.client_base import (ClientError, Result, as_error, decode_reply, ends, settle,
-                                  duplicate_error, make_generate, timeout_error)
+from frontend.client_base import (LOST_CONNECTION, ClientError, Result, as_error, close_dealer,
+                                  decode_reply, duplicate_error, ends, make_generate,
+                                  open_dealer, settle, timeout_error)
 
 CLOSE_LINGER_MS = 250
 
@@ -23,15 +24,11 @@ class AsyncClient:
     def __init__(self, address: str, timeout: float = 60):
         self.address, self.timeout = address, timeout
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
-        # Unbounded receive queue: a client busy elsewhere for a while must not stall
-        # zmq's reads (and heartbeats), or the frontend takes it for gone.
-        self._sock.setsockopt(zmq.RCVHWM, 0)
-        self._sock.connect(address)
+        self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS)
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats_waiters: deque[asyncio.Future] = deque()
         self._reader: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
         self._closed = False
 
     async def __aenter__(self) -> "AsyncClient":
@@ -45,15 +42,16 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        tasks = [t for t in (self._reader, self._watcher) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for q in self._queues.values():
             q.put_nowait(ErrorReply(None, 503, "the client is closed"))
         for fut in self._stats_waiters:
             if not fut.done():
                 fut.set_exception(ClientError(503, "the client is closed"))
-        self._sock.close()
+        close_dealer(self._sock, self._monitor)
         self._ctx.term()
 
     # ------------------------------------------------------------ the API
@@ -128,7 +126,23 @@ class AsyncClient:
 
     def _ensure_reader(self) -> None:
         if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read_loop())
+            self._watcher = loop.create_task(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        """Each disconnect fails every request in flight with 503 (see open_dealer)."""
+        while True:
+            await self._monitor.recv_multipart()
+            self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
+
+    def _fail_all(self, err: ErrorReply) -> None:
+        for request_id, q in self._queues.items():
+            q.put_nowait(ErrorReply(request_id, err.code, err.message))
+        while self._stats_waiters:
+            fut = self._stats_waiters.popleft()
+            if not fut.done():
+                fut.set_result(err)
 
     async def _read_loop(self) -> None:
         while True:

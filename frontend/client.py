@@ -14,8 +14,9 @@ import zmq
 
 from core.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.async_client import AsyncClient
-from frontend.client_base import (ClientError, Result, as_error, decode_reply, ends, settle,
-                                  duplicate_error, make_generate, timeout_error)
+from frontend.client_base import (LOST_CONNECTION, ClientError, Result, as_error, close_dealer,
+                                  decode_reply, duplicate_error, ends, make_generate,
+                                  open_dealer, settle, timeout_error)
 
 __all__ = ["AsyncClient", "Client", "ClientError", "Result"]
 
@@ -26,12 +27,10 @@ class Client:
     def __init__(self, address: str, timeout: float = 60):
         self.address, self.timeout = address, timeout
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
-        # Unbounded receive queue: a client busy elsewhere for a while must not stall
-        # zmq's reads (and heartbeats), or the frontend takes it for gone.
-        self._sock.setsockopt(zmq.RCVHWM, 0)
-        self._sock.connect(address)
+        self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._buffers: dict[str, deque] = {}
         self._stats: deque = deque()
         self._closed = False
@@ -45,7 +44,7 @@ class Client:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._sock.close()
+            close_dealer(self._sock, self._monitor)
             self._ctx.term()
 
     # ------------------------------------------------------------ the API
@@ -124,8 +123,11 @@ class Client:
     def _wait(self, deadline: float) -> None:
         """Read what arrives before `deadline`; ClientError(503) when nothing does."""
         left = deadline - time.monotonic()
-        if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+        ready = dict(self._poller.poll(int(left * 1000) + 1)) if left > 0 else {}
+        if not ready:
             raise timeout_error(self.timeout)
+        if self._monitor in ready and self._disconnected():
+            self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
         while True:
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
@@ -141,7 +143,26 @@ class Client:
             self._stats.append(reply)
         # anything else: heartbeats, replies to abandoned requests
 
+    def _disconnected(self) -> bool:
+        """Consume the monitor's events; True if any came (each is a disconnect)."""
+        seen = False
+        while True:
+            try:
+                self._monitor.recv_multipart(zmq.NOBLOCK)
+                seen = True
+            except zmq.Again:
+                return seen
+
+    def _fail_all(self, err: ErrorReply) -> None:
+        for request_id, queue in self._buffers.items():
+            if not queue or not ends(queue[-1]):
+                queue.append(ErrorReply(request_id, err.code, err.message))
+        self._stats.append(err)
+
     def _send(self, msg) -> None:
         if self._closed:
             raise ClientError(503, "the client is closed")
+        if isinstance(msg, Generate):
+            # a disconnect seen before this request was sent is not its concern
+            self._disconnected()
         self._sock.send(encode(msg))

@@ -53,6 +53,34 @@ def make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop, pri
                     max_tokens, temperature, top_p, top_k, seed, stop, priority, ignore_eos)
 
 
+LOST_CONNECTION = ("lost the connection to the engine's frontend (it died, or dropped this "
+                   "client); the request's fate is unknown")
+
+
+def open_dealer(ctx, address: str, linger_ms: int):
+    """The client's socket and a monitor of its disconnects.
+
+    A fixed routing id lets a reconnect keep the client's identity at the frontend. The
+    monitor is how a client learns that the frontend died: its requests then fail with 503
+    at once instead of at their timeout."""
+    import zmq
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+    # Unbounded receive queue: a client busy elsewhere for a while must not stall zmq's
+    # reads (and heartbeats), or the frontend takes it for gone.
+    sock.setsockopt(zmq.RCVHWM, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(address)
+    return sock, monitor
+
+
+def close_dealer(sock, monitor) -> None:
+    sock.disable_monitor()
+    monitor.close(0)
+    sock.close()
+
+
 def decode_reply(frames: list[bytes]):
     """The reply in `frames`, or None for a frame this client cannot read (dropped)."""
     if len(frames) != 1:

@@ -38,6 +38,9 @@ class Inflight:
     def by_key(self, ident: bytes, request_id: str) -> RequestState | None:
         return self._by_key.get((ident, request_id))
 
+    def count_of(self, ident: bytes) -> int:
+        return len(self._by_ident.get(ident, ()))
+
     def of_client(self, ident: bytes) -> list[RequestState]:
         return list(self._by_ident.get(ident, {}).values())
 

@@ -18,7 +18,7 @@ import zmq
 from core.channel import Channel, Router, RouterError
 from core.lifeline import pid_alive
 from core.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
-                           CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, I32,
+                           CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello, I32,
                            ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
                            Stats, StatsQuery, StatsReply, StepEvents)
 from frontend.events import group_events
@@ -36,7 +36,6 @@ HEARTBEAT_S = 1.0
 CORE_CHECK_S = 0.25          # how often the core's pid is checked (503s within 2 s of its death)
 PUMP_S = 0.002              # time on one socket before looking at the other (fairness:
                             # a fast core must not keep new clients waiting for many steps)
-CORE_SEND_TIMEOUT_MS = 5000  # a core that stops reading must not hang the frontend
 CLOSE_LINGER_MS = 1000      # let final deltas and aborts leave before the sockets close
 CLIENT_TYPES = (Generate, Abort, Stats, Ping)
 CORE_TYPES = (CoreReady, Rejected, StepEvents, CoreStats)
@@ -49,6 +48,7 @@ class FrontendConfig:
     address: str = DEFAULT_ADDRESS
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     drain_timeout: float = 30.0
+    max_inflight_per_client: int = 1024
 
 
 class Frontend:
@@ -57,10 +57,11 @@ class Frontend:
         self._ctx = zmq.Context()
         self.router = Router(self._ctx, cfg.address, accept=CLIENT_TYPES,
                              max_bytes=cfg.max_frame_bytes)
-        self.core_in = Channel(self._ctx, zmq.PUSH, cfg.core_in, bind=False)
-        self.core_in.sock.setsockopt(zmq.SNDTIMEO, CORE_SEND_TIMEOUT_MS)
+        # Unbounded: the frontend never blocks on the core nor drops a frame to it; the
+        # per-client cap and the core's queue bound what can pile up.
+        self.core_in = Channel(self._ctx, zmq.PUSH, cfg.core_in, bind=False, unbounded=True)
         self.core_out = Channel(self._ctx, zmq.PULL, cfg.core_out, bind=False,
-                                accept=CORE_TYPES,
+                                accept=CORE_TYPES, unbounded=True,
                                 max_bytes=max(cfg.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES))
         self.wakeup = Wakeup()
         self.info: ModelInfo | None = None
@@ -83,6 +84,7 @@ class Frontend:
         self._stop_signals += 1
 
     def run(self) -> int:
+        self._to_core(Hello(os.getpid()))  # queued until the core's socket is there
         Tokenizer.preload()  # imports transformers while the core is still starting
         poller = zmq.Poller()
         poller.register(self.core_out.sock, zmq.POLLIN)
@@ -182,6 +184,11 @@ class Frontend:
         if self.inflight.by_key(ident, msg.request_id) is not None:
             return self._error(ident, msg.request_id, 400,
                                f"duplicate request_id {msg.request_id!r}")
+        cap = self.cfg.max_inflight_per_client
+        if self.inflight.count_of(ident) >= cap:
+            return self._error(ident, msg.request_id, 429,
+                               f"this client already has {cap} requests in flight "
+                               "(--max-inflight-per-client)")
         try:
             check_params(msg)
             ids = (self.tokenizer.encode(msg.prompt) if isinstance(msg.prompt, str)
@@ -252,13 +259,10 @@ class Frontend:
         self._stats_waiters.clear()
 
     def _to_core(self, msg) -> bool:
-        try:
-            self.core_in.send(msg)
+        if self.core_in.try_send(msg):
             return True
-        except zmq.Again:
-            log.error("the core did not take %s within %d ms", type(msg).__name__,
-                      CORE_SEND_TIMEOUT_MS)
-            return False
+        log.error("no core connected to take %s", type(msg).__name__)
+        return False
 
     def _on_core(self, msg) -> None:
         if isinstance(msg, StepEvents):

@@ -4,7 +4,9 @@ Prints `ready ADDRESS` once all three are up (worker -> core -> frontend handsha
 With --http-port, the OpenAI-compatible gateway (python -m frontend.http) is a fourth
 process, started once the frontend is ready; `ready` waits for it too and is followed by
 `http http://HOST:PORT`.
-If any process dies, the others are stopped and serve exits non-zero naming it.
+A dead worker, frontend or gateway is restarted (at most --max-restarts times each within
+--restart-window) while the others run on; a dead core, or a process out of restarts,
+stops the group and serve exits non-zero naming it.
 SIGINT/SIGTERM: the gateway drains first (in-flight HTTP requests finish), then the
 frontend (new requests get 503, running ones finish up to --drain-timeout), then core and
 worker are stopped.
@@ -22,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -51,7 +54,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--max-restarts", type=int, default=3,
-                   help="worker restarts allowed within --restart-window before giving up")
+                   help="restarts of each of the worker, frontend and gateway allowed within"
+                        " --restart-window before giving up")
+    p.add_argument("--max-inflight-per-client", type=int, default=1024,
+                   help="unfinished requests one client may have (more get 429)")
     p.add_argument("--restart-window", type=float, default=300.0)
     p.add_argument("--http-port", type=int, default=None,
                    help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
@@ -81,15 +87,16 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
             worker += [_flag(k), str(getattr(a, k))]
     frontend = py + ["frontend", "--address", a.address, "--core-in", ep["fe_in"],
                      "--core-out", ep["fe_out"], "--max-frame-bytes", str(a.max_frame_bytes),
-                     "--drain-timeout", str(a.drain_timeout)]
+                     "--drain-timeout", str(a.drain_timeout),
+                     "--max-inflight-per-client", str(a.max_inflight_per_client)]
     if a.allow_remote:
         frontend.append("--allow-remote")
     return {"core": core, "worker": worker, "frontend": frontend}
 
 
-def http_command(a: argparse.Namespace, frontend_addr: str) -> list[str]:
+def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "frontend.http", "--frontend", frontend_addr,
-           "--host", a.http_host, "--port", str(a.http_port),
+           "--host", a.http_host, "--port", str(port),
            "--drain-timeout", str(a.drain_timeout)]
     return cmd + (["--allow-remote"] if a.allow_remote else [])
 
@@ -189,30 +196,34 @@ def main(argv=None) -> int:
         shutil.rmtree(ipc, ignore_errors=True)
 
 
+RESTARTABLE = ("worker", "frontend", "http")
+
+
 def supervise(group: Group, a, log, stop) -> int:
     addr = group.wait_ready(a.startup_timeout)
     if addr is None:
         return report_death(group, "before ready")
+    # a restarted frontend binds the address the first one got (--address may say port 0)
+    group.cmds["frontend"][group.cmds["frontend"].index("--address") + 1] = addr
     http = None
     if a.http_port is not None:
-        group.cmds["http"] = http_command(a, addr)
+        group.cmds["http"] = http_command(a, addr, a.http_port)
         group.spawn("http")
         http = group.wait_ready(a.startup_timeout, "http")
         if http is None:
             return report_death(group, "before ready")
+        group.cmds["http"] = http_command(a, addr, urlsplit(http).port)
     print(f"ready {addr}", flush=True)
     if http:
         print(f"http {http}", flush=True)
     if log:
         print(f"log {log}", flush=True)
-    restarts: list[float] = []
+    restarts: dict[str, list[float]] = {name: [] for name in RESTARTABLE}
     while stop["sig"] is None:
         dead = group.dead()
-        if dead and dead[0] == "worker" and may_restart(restarts, a):
-            print(f"serve: worker exited with code {dead[1]}; starting a new one "
-                  f"({len(restarts)}/{a.max_restarts} in {a.restart_window:.0f}s)",
-                  file=sys.stderr, flush=True)
-            group.spawn("worker")
+        if dead and dead[0] in RESTARTABLE and may_restart(restarts[dead[0]], a, dead[0]):
+            if not restart(group, a, *dead, len(restarts[dead[0]])):
+                return report_death(group, "while restarting")
         elif dead:
             return report_death(group, "")
         time.sleep(0.05)
@@ -223,11 +234,26 @@ def supervise(group: Group, a, log, stop) -> int:
     return 0
 
 
-def may_restart(restarts: list[float], a) -> bool:
+def restart(group: Group, a, name: str, code: int, n: int) -> bool:
+    """Start `name` again; the frontend and gateway are waited for (False: they failed)."""
+    print(f"serve: {name} exited with code {code}; starting a new one "
+          f"({n}/{a.max_restarts} in {a.restart_window:.0f}s)", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    group.spawn(name)
+    if name == "worker":  # the core waits for its WorkerReady itself
+        return True
+    if group.wait_ready(a.startup_timeout, name) is None:
+        return False
+    print(f"serve: {name} is back after {time.monotonic() - t0:.2f}s", file=sys.stderr,
+          flush=True)
+    return True
+
+
+def may_restart(restarts: list[float], a, name: str) -> bool:
     now = time.monotonic()
     restarts[:] = [t for t in restarts if now - t < a.restart_window]
     if len(restarts) >= a.max_restarts:
-        print(f"serve: the worker died {len(restarts) + 1} times within "
+        print(f"serve: the {name} died {len(restarts) + 1} times within "
               f"{a.restart_window:.0f}s; giving up", file=sys.stderr, flush=True)
         return False
     restarts.append(now)

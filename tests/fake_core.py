@@ -26,7 +26,7 @@ import zmq
 
 from core.channel import Channel
 from core.protocol import (I32, AbortRequest, AddRequest, CoreReady, CoreStats, Drain,
-                           ModelInfo, Pong, Rejected, StatsQuery, StepEvents, decode, encode)
+                           Hello, ModelInfo, Pong, Rejected, StatsQuery, StepEvents, decode, encode)
 from worker.tokenizer import EOS as EOS_TEXT
 from worker.tokenizer import EOS_ID, NUM_FIXED, build_tokenizer
 
@@ -118,7 +118,7 @@ class FakeCore:
     def _run(self) -> None:
         ctx = zmq.Context()
         pull = Channel(ctx, zmq.PULL, self.core_in, bind=True,
-                       accept=(AddRequest, AbortRequest, StatsQuery, Drain))
+                       accept=(AddRequest, AbortRequest, StatsQuery, Drain, Hello))
         push = Channel(ctx, zmq.PUSH, self.core_out, bind=True)
         sent_ready = False
         try:

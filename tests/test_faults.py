@@ -140,25 +140,33 @@ def test_core_death_503s_within_2s_and_the_log_verifies(tmp_path):
     assert r.returncode == 0 and "steps verified" in r.stdout, r.stdout
 
 
-def test_frontend_death_aborts_everything_in_the_log(tmp_path):
+def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
+    """kill -9 of the frontend: its clients get 503 at once (they see the connection
+    drop), serve starts a new frontend on the same address, the core and worker run on,
+    and the core aborts the dead frontend's requests (logged)."""
     g = start_group(tmp_path, [])
     try:
         with Client(g.address, timeout=30) as c:
             pids = c.stats()["pids"]
         started = threading.Event()
-        threads, results = run_concurrently(g.address, REQS[:2], started, timeout=5)
+        threads, results = run_concurrently(g.address, REQS[:2], started, timeout=60)
         assert started.wait(60)
         t0 = time.monotonic()
         os.kill(pids["frontend"], signal.SIGKILL)
-        code = g.proc.wait(30)
-        took = time.monotonic() - t0
         for t in threads:
             t.join(30)
+        took = time.monotonic() - t0
+        assert all(isinstance(r, ClientError) and r.code == 503 for r in results), results
+        assert took < 10, took  # the aim is 2 s; here it is the clients' disconnect event
+        with Client(g.address, timeout=60) as c:
+            assert c.generate([5, 6, 7], max_tokens=4).finish_reason == "length"
+            after = c.stats()["pids"]
+        assert after["frontend"] != pids["frontend"]
+        assert (after["core"], after["worker"]) == (pids["core"], pids["worker"])
+        assert g.alive()
     finally:
         g.stop()
-    assert code != 0 and took < 10, took
-    assert wait_dead(pids.values())
     conn = sqlite3.connect(g.log)
     reasons = [r[0] for r in conn.execute("SELECT finish_reason FROM requests")]
     assert reasons and all(r is not None for r in reasons), reasons
-    assert "abort" in reasons
+    assert reasons.count("abort") == 2, reasons
