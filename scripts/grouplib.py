@@ -18,6 +18,7 @@ class Group:
     address: str
     log: Path | None
     stderr: Path
+    http: str | None = None    # the gateway's base URL when started with --http-port
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -32,6 +33,19 @@ class Group:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def pid_of(self, needle: str) -> int:
+        """The pid of the group's process whose command line contains `needle` (serve
+        runs in a session of its own, so its children share the session id serve's pid)."""
+        for d in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if int(stat[3]) == self.proc.pid and needle in cmd and int(d) != self.proc.pid:
+                return int(d)
+        raise LookupError(f"no process of the group runs {needle!r}")
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.stderr.read_text(errors="replace").splitlines()[-n:])
@@ -56,7 +70,8 @@ def start_group(tmp: Path, args: list[str] = (), timeout: float = 180.0,
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if line.startswith("ready "):
-            return Group(proc, line.split()[1], logfile, err)
+            http = proc.stdout.readline().split()[1] if "--http-port" in args else None
+            return Group(proc, line.split()[1], logfile, err, http)
         if not line and proc.poll() is not None:
             break
     proc.kill()

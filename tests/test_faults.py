@@ -170,3 +170,39 @@ def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
     reasons = [r[0] for r in conn.execute("SELECT finish_reason FROM requests")]
     assert reasons and all(r is not None for r in reasons), reasons
     assert reasons.count("abort") == 2, reasons
+
+
+def test_gateway_death_touches_only_http(tmp_path):
+    """kill -9 of the gateway: ZMQ requests run on, serve starts a new gateway on the
+    same port, and HTTP serves again."""
+    g = start_group(tmp_path, ["--http-port", "0"], log=False)
+    try:
+        from tests.test_http import http
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+        assert http("POST", g.http + "/v1/completions", body)[0] == 200
+        gateway = g.pid_of("-m frontend.http")
+        started = threading.Event()
+        threads, results = run_concurrently(g.address, REQS[:1], started, timeout=60)
+        assert started.wait(60)
+        t0 = time.monotonic()
+        os.kill(gateway, signal.SIGKILL)
+        for t in threads:
+            t.join(120)
+        assert results[0][0] == "length", results
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                status = http("POST", g.http + "/v1/completions", body, timeout=10)[0]
+            except OSError:
+                status = None
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        back = time.monotonic() - t0
+        assert status == 200, g.tail()
+        assert back < 60, back
+        assert g.pid_of("-m frontend.http") != gateway
+        assert g.alive()
+    finally:
+        code = g.stop()
+    assert code == 0, g.tail()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from scripts.bench_chaos import chaos, passed
 from scripts.bench_soak import soak
 
 
@@ -24,3 +25,13 @@ def test_short_soak(tmp_path):
 @pytest.mark.slow
 def test_soak_2000_requests(tmp_path):
     check(soak(2000, seed=0, tmp=tmp_path))
+
+
+@pytest.mark.slow
+def test_chaos_soak_2000_requests(tmp_path):
+    """Kills and stops of the worker, frontend and gateway under load (scripts/bench chaos)."""
+    out = chaos(2000, seed=0, tmp=tmp_path)
+    assert {(f["target"], f["kind"]) for f in out["faults"]} == {
+        (t, k) for t in ("worker", "frontend", "gateway") for k in ("kill", "stop")}, out
+    assert all(f["recovered_s"] < 120 for f in out["faults"]), out
+    assert passed(out), out
