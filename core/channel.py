@@ -24,11 +24,32 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+LOCAL_SCHEMES = ("ipc://", "inproc://")
+
+
 def is_loopback(address: str) -> bool:
-    """True for ipc:// and inproc:// endpoints and tcp:// endpoints on a loopback host."""
-    if not address.startswith("tcp://"):
+    """True for ipc:// and inproc:// endpoints and tcp:// endpoints on a loopback host;
+    every other transport (tipc, pgm, epgm, vmci, ws, udp, ...) may reach other hosts."""
+    if address.startswith(LOCAL_SCHEMES):
         return True
-    return is_loopback_host(urlsplit(address).hostname or "")
+    if not address.startswith("tcp://"):
+        return False
+    try:
+        host = urlsplit(address).hostname
+    except ValueError:  # e.g. an unbalanced "[" in the host
+        return False
+    return is_loopback_host(host or "")
+
+
+def hard_frame_cap(max_bytes: int) -> int:
+    """zmq's MAXMSGSIZE for a socket whose protocol limit is `max_bytes`.
+
+    zmq reads a whole frame into memory before the application sees it, so without a cap
+    one peer could make the process allocate without bound; a frame over the cap drops
+    the peer's connection with no reply. Frames between the protocol limit and the cap
+    are read and answered with 413, so the cap sits far above any realistic mistake.
+    """
+    return max(64 * max_bytes, 1 << 28)
 
 
 PEER_TIMEOUT_MS = 30_000
@@ -37,9 +58,7 @@ PEER_TIMEOUT_MS = 30_000
 def _make(ctx: zmq.Context, kind: int, max_bytes: int) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    # zmq drops a connection whose frame exceeds MAXMSGSIZE; frames between the protocol
-    # limit and this hard cap are still read, so that they can be answered with 413.
-    sock.setsockopt(zmq.MAXMSGSIZE, max(16 * max_bytes, 1 << 24))
+    sock.setsockopt(zmq.MAXMSGSIZE, hard_frame_cap(max_bytes))
     return sock
 
 

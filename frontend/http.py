@@ -4,7 +4,8 @@ aiohttp (not FastAPI + uvicorn): one dependency that streams, cancels a handler 
 disconnected and drains in-flight requests on shutdown, on the asyncio loop AsyncClient uses.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics
-(frontend/http_app.py). Prints `READY http://HOST:PORT` on stdout once the engine answers
+(frontend/http_app.py). A body must arrive within --body-timeout seconds (408 and the
+connection closes otherwise). Prints `READY http://HOST:PORT` on stdout once the engine answers
 stats(), the chat template is loaded and the port is bound (--port 0 picks a free one).
 SIGTERM/SIGINT: stop accepting connections, let in-flight requests finish (up to
 --drain-timeout), then exit 0.
@@ -24,7 +25,7 @@ from aiohttp import web
 from core.channel import is_loopback_host
 from core.lifeline import die_with_parent
 from frontend.client import AsyncClient, ClientError
-from frontend.http_app import Gateway, make_app
+from frontend.http_app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http_chat import ChatTemplate
 from frontend.http_metrics import Metrics
 
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the model's name in replies and /v1/models (default: serve's --model)")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may wait for the engine's next answer")
+    p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
+                   help="seconds a request's body may take to arrive (408 and close after)")
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
@@ -88,7 +91,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
         if chat.builtin:
             log.warning("the tokenizer has no chat template: using a built-in ChatML one")
         gw = Gateway(client, args.model_name or stats["model"], stats["max_model_len"], chat,
-                     Metrics(), int(time.time()))
+                     Metrics(), int(time.time()), args.body_timeout)
         runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None,
                                shutdown_timeout=args.drain_timeout)
         await runner.setup()
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     if not is_loopback_host(args.host) and not args.allow_remote:
         print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
               file=sys.stderr)
+        return 2
+    if args.body_timeout <= 0:
+        print("http: --body-timeout must be > 0", file=sys.stderr)
         return 2
     die_with_parent(signal.SIGTERM)
     try:

@@ -18,13 +18,13 @@ from frontend.client_base import ClientError
 from frontend.http_chat import ChatTemplate
 from frontend.http_format import ChatFormat, CompletionFormat
 from frontend.http_generate import RETRY_AFTER_S, generate
+from frontend.http_json import parse_json
 from frontend.http_metrics import Metrics
 from frontend.http_schema import (
     PRIORITY_HEADER,
     ApiError,
     parse_chat,
     parse_completion,
-    parse_json,
     parse_priority,
 )
 
@@ -32,6 +32,8 @@ log = logging.getLogger("http")
 
 HEALTH_TIMEOUT_S = 2.0
 MAX_BODY_BYTES = 1 << 20  # aiohttp answers a larger body with 413
+BODY_TIMEOUT_S = 10.0     # a body still incomplete after this gets 408 and the connection closes
+CLIENT_GONE = 499         # nginx's code for "the client went away first"
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Gateway:
     chat: ChatTemplate
     metrics: Metrics
     created: int
+    body_timeout: float = BODY_TIMEOUT_S
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -75,8 +78,11 @@ async def count_status(request: web.Request, handler):
     except web.HTTPException as e:
         code = e.status
         raise
-    except (asyncio.CancelledError, ConnectionError):
-        code = 499  # the client went away first (nginx's convention)
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler of a client that disconnects, and at shutdown's end
+        code = CLIENT_GONE
+        log.info("%s %s cancelled: the client disconnected or the gateway is stopping",
+                 request.method, request.path)
         raise
     finally:
         request.app[GATEWAY].metrics.observe_http(path, code)
@@ -88,8 +94,11 @@ async def openai_errors(request: web.Request, handler):
         return await handler(request)
     except ApiError as e:
         return error_response(e)
-    except ConnectionError:  # the client left mid-stream: nobody to answer
-        raise
+    except ConnectionError as e:
+        # The client left mid-body or mid-stream: nobody to answer, nothing to trace.
+        # aiohttp's write of this reply fails quietly on the closing transport.
+        log.info("%s %s: the client disconnected (%s)", request.method, request.path, e)
+        return web.Response(status=CLIENT_GONE)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -101,7 +110,10 @@ async def openai_errors(request: web.Request, handler):
 
 def error_response(e: ApiError) -> web.Response:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None
-    return web.json_response(e.body(), status=e.status, headers=headers)
+    resp = web.json_response(e.body(), status=e.status, headers=headers)
+    if e.status == 408:  # the rest of the body may never come: do not wait for another request
+        resp.force_close()
+    return resp
 
 
 # ------------------------------------------------------------------ handlers
@@ -109,13 +121,18 @@ def error_response(e: ApiError) -> web.Response:
 
 async def _body(request: web.Request) -> tuple[dict, int]:
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
-    return parse_json(await request.read()), priority
+    timeout = request.app[GATEWAY].body_timeout
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+    return parse_json(raw), priority
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
-    gen = parse_completion(body, priority)
+    gen = parse_completion(body, priority, gw.max_model_len)
     return await generate(request, gw.client, gen, CompletionFormat(gw.model), gw.metrics)
 
 
@@ -123,7 +140,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
     # No max_tokens: run to the context limit (the engine ends such a request "length").
-    gen = parse_chat(body, priority, gw.chat.render, gw.max_model_len)
+    gen = parse_chat(body, priority, gw.chat.render, gw.max_model_len, gw.max_model_len)
     return await generate(request, gw.client, gen, ChatFormat(gw.model), gw.metrics)
 
 

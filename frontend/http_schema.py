@@ -1,7 +1,10 @@
 """The gateway's request bodies: OpenAI's JSON in, one GenRequest out, or an ApiError.
 
-Types are checked here (OpenAI's 400 for a wrong type); value ranges (max_tokens >= 1,
-top_p in (0, 1], ...) are the frontend's to check, and its 400 passes through as it is.
+Types are checked here (OpenAI's 400 for a wrong type), and value ranges with the
+frontend's own checks (frontend/validate.py): the same bounds and messages, with
+max_tokens up to the served max_model_len; what only the model knows (top_k against its
+vocabulary, the prompt's tokens) the frontend checks, and its 400 passes through as it is.
+The body's JSON itself is checked first (frontend/http_json.py).
 Fields OpenAI defines that the engine cannot honour (logprobs, echo, best_of > 1, suffix,
 tools, logit_bias, n > 1) get a 400 naming them; other unknown fields are ignored, as
 OpenAI-compatible servers usually do.
@@ -14,13 +17,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from frontend.limits import PRIORITY_RANGE
+from frontend.validate import InvalidRequest, check_fields
+
 PRIORITY_HEADER = "X-TL-Priority"
-PRIORITY_RANGE = (-1000, 1000)
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _INT = re.compile(r"[+-]?[0-9]{1,7}")
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error",
+               405: "invalid_request_error", 408: "invalid_request_error",
+               413: "invalid_request_error",
                429: "rate_limit_error", 503: "service_unavailable_error"}
 
 
@@ -68,28 +74,28 @@ def parse_priority(value: str | None) -> int:
     return int(text)
 
 
-def parse_json(raw: bytes) -> dict:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
-
-
-def parse_completion(body: dict, priority: int) -> GenRequest:
-    return _common(body, _prompt(body.get("prompt")), priority,
-                   _field(body, "max_tokens", _is_int, "an integer", COMPLETION_MAX_TOKENS))
+def parse_completion(body: dict, priority: int, max_model_len: int | None = None) -> GenRequest:
+    gen = _common(body, _prompt(body.get("prompt")), priority,
+                  _field(body, "max_tokens", _is_int, "an integer", COMPLETION_MAX_TOKENS))
+    return _in_range(gen, max_model_len)
 
 
 def parse_chat(body: dict, priority: int, render: Callable[[list], str],
-               default_max_tokens: int) -> GenRequest:
+               default_max_tokens: int, max_model_len: int | None = None) -> GenRequest:
     """`render` turns the checked messages into the prompt text (the chat template)."""
     max_tokens = _field(body, "max_completion_tokens", _is_int, "an integer", None)
     if max_tokens is None:
         max_tokens = _field(body, "max_tokens", _is_int, "an integer", default_max_tokens)
-    return _common(body, render(_messages(body.get("messages"))), priority, max_tokens)
+    gen = _common(body, render(_messages(body.get("messages"))), priority, max_tokens)
+    return _in_range(gen, max_model_len)
+
+
+def _in_range(gen: GenRequest, max_model_len: int | None) -> GenRequest:
+    try:
+        check_fields(gen, max_model_len)
+    except InvalidRequest as e:
+        raise ApiError(400, str(e), e.field) from None
+    return gen
 
 
 # ------------------------------------------------------------------ fields

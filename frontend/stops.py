@@ -4,20 +4,28 @@
 stop that completes may still lose to a longer one that started earlier and is not
 complete yet, so text from the earliest possible start of a stop (a suffix that is a proper
 prefix of one) is held back until later text decides it. Invariant: released text never
-contains the start of a stop occurrence, so searching `held + new` finds every candidate.
+contains the start of a stop occurrence.
+
+Each stop has its own automaton (frontend/prefix_automaton.py) fed only the new text, so
+a feed costs O(stops x new text) amortized, not O(stops x their length).
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+from frontend.prefix_automaton import PrefixAutomaton
 
 
 class StopMatcher:
     """Feed text as it is generated; `matched` turns True at the first stop string."""
 
     def __init__(self, stops: Sequence[str] = ()):
-        self._stops = tuple(stops)
-        self._longest = max((len(s) for s in self._stops), default=0)
+        self._automata = [PrefixAutomaton(s) for s in dict.fromkeys(stops) if s]
         self._held = ""
+        self._fed = 0                 # characters fed so far
+        # The start (in all text fed) of the earliest complete stop; an empty stop is
+        # complete before any text.
+        self._cut: int | None = 0 if "" in stops else None
         self.matched = False
 
     def feed(self, text: str, final: bool = False) -> str:
@@ -25,23 +33,25 @@ class StopMatcher:
         here, so nothing is held back any more."""
         if self.matched:
             return ""
+        self._advance(text)
         buf = self._held + text
-        cut = self._first_match(buf)
-        pending = len(buf) if final else len(buf) - self._partial_suffix(buf)
-        if cut is not None and cut <= pending:
+        start = self._fed - len(buf)  # where buf begins in all text fed
+        pending = len(buf) if final else len(buf) - self._longest_partial()
+        if self._cut is not None and self._cut - start <= pending:
             self.matched, self._held = True, ""
-            return buf[:cut]
+            return buf[:self._cut - start]
         self._held = buf[pending:]
         return buf[:pending]
 
-    def _first_match(self, buf: str) -> int | None:
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
-        return min(hits, default=None)
+    def _advance(self, text: str) -> None:
+        for a in self._automata:
+            end = a.feed(text)
+            if end is not None:
+                begin = self._fed + end - len(a.pattern)
+                if self._cut is None or begin < self._cut:
+                    self._cut = begin
+        self._fed += len(text)
 
-    def _partial_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of `buf` that is a proper prefix of a stop."""
-        for k in range(min(len(buf), self._longest - 1), 0, -1):
-            tail = buf[len(buf) - k:]
-            if any(s.startswith(tail) for s in self._stops):
-                return k
-        return 0
+    def _longest_partial(self) -> int:
+        """Length of the longest suffix of the text that is a proper prefix of a stop."""
+        return max((a.state for a in self._automata), default=0)

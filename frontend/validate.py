@@ -1,8 +1,9 @@
 """Checks on a Generate that the protocol decoder cannot make (ranges, emptiness, lengths).
 
 Types, unknown and missing fields are the decoder's job (core.protocol.decode).
-Every failure is an InvalidRequest whose message names the field; the frontend answers
-it with code 400.
+Every failure is an InvalidRequest whose message and `field` name the field; the frontend
+answers it with code 400, the gateway with its own 400 (param = field). The bounds are in
+frontend/limits.py.
 """
 from __future__ import annotations
 
@@ -10,45 +11,77 @@ import math
 from typing import Sequence
 
 from core.protocol import Generate, ModelInfo
-
-PRIORITY_RANGE = (-1000, 1000)
-SEED_LIMIT = 2 ** 63
+from frontend.limits import (INT32_MAX, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS, MAX_STOPS,
+                             MAX_TEMPERATURE, MIN_TEMPERATURE, PRIORITY_RANGE, SEED_LIMIT)
 
 
 class InvalidRequest(ValueError):
     code = 400
 
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
-def check_params(msg: Generate) -> None:
-    """Everything but the prompt's tokens; raises InvalidRequest."""
+
+def check_params(msg: Generate, info: ModelInfo | None = None) -> None:
+    """Everything but the prompt's tokens; raises InvalidRequest. Without `info` the
+    model's bounds (max_model_len, vocab_size) give way to the wire types' bounds."""
     if not msg.request_id:
-        raise InvalidRequest("request_id must not be empty")
+        raise InvalidRequest("request_id must not be empty", "request_id")
+    if len(msg.request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
+                             f"got {len(msg.request_id)}", "request_id")
     if not msg.prompt:
-        raise InvalidRequest("prompt must not be empty")
-    if msg.max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be at least 1, got {msg.max_tokens}")
-    if not math.isfinite(msg.temperature) or msg.temperature < 0:
-        raise InvalidRequest(f"temperature must be finite and >= 0, got {msg.temperature}")
-    if not 0 < msg.top_p <= 1:
-        raise InvalidRequest(f"top_p must be in (0, 1], got {msg.top_p}")
-    if msg.top_k < 0:
-        raise InvalidRequest(f"top_k must be >= 0, got {msg.top_k}")
-    lo, hi = PRIORITY_RANGE
-    if not lo <= msg.priority <= hi:
-        raise InvalidRequest(f"priority must be in [{lo}, {hi}], got {msg.priority}")
-    if msg.seed is not None and not 0 <= msg.seed < SEED_LIMIT:
-        raise InvalidRequest(f"seed must be in [0, 2**63), got {msg.seed}")
-    if msg.stop is not None and not all(msg.stop):
-        raise InvalidRequest("stop strings must not be empty")
+        raise InvalidRequest("prompt must not be empty", "prompt")
+    check_fields(msg, info.max_model_len if info else None, info.vocab_size if info else None)
+
+
+def check_fields(req, max_model_len: int | None = None, vocab_size: int | None = None) -> None:
+    """The sampling and scheduling fields of `req`: a Generate or anything with the same
+    attributes (max_tokens, temperature, top_p, top_k, seed, stop, priority)."""
+    _int_in("max_tokens", req.max_tokens, 1, max_model_len or INT32_MAX)
+    _temperature(req.temperature)
+    if not 0 < req.top_p <= 1:  # NaN fails too
+        raise InvalidRequest(f"top_p must be in (0, 1], got {req.top_p}", "top_p")
+    _int_in("top_k", req.top_k, 0, INT32_MAX if vocab_size is None else vocab_size)
+    _int_in("priority", req.priority, *PRIORITY_RANGE)
+    if req.seed is not None:
+        _int_in("seed", req.seed, 0, SEED_LIMIT - 1)
+    if req.stop is not None:
+        _stops(req.stop)
+
+
+def _int_in(name: str, value: int, lo: int, hi: int) -> None:
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"{name} must be in [{lo}, {hi}], got {value!r:.40}", name)
+
+
+def _temperature(t: float) -> None:
+    if t == 0 or (math.isfinite(t) and MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+        return
+    raise InvalidRequest(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+                         f"{MAX_TEMPERATURE:g}], got {t}", "temperature")
+
+
+def _stops(stop: Sequence[str]) -> None:
+    if len(stop) > MAX_STOPS:
+        raise InvalidRequest(f"stop must hold at most {MAX_STOPS} strings, got {len(stop)}",
+                             "stop")
+    if not all(stop):
+        raise InvalidRequest("stop strings must not be empty", "stop")
+    longest = max(map(len, stop), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise InvalidRequest(f"each stop string must be at most {MAX_STOP_CHARS} characters, "
+                             f"got one of {longest}", "stop")
 
 
 def check_prompt_ids(ids: Sequence[int], info: ModelInfo) -> None:
     """The tokenized prompt against the model: non-empty, in the vocabulary, short enough."""
     if not ids:
-        raise InvalidRequest("prompt has no tokens")
-    bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
-    if bad is not None:
-        raise InvalidRequest(f"prompt token {bad} outside [0, {info.vocab_size})")
+        raise InvalidRequest("prompt has no tokens", "prompt")
     if len(ids) >= info.max_model_len:
         raise InvalidRequest(
-            f"prompt of {len(ids)} tokens reaches max_model_len {info.max_model_len}")
+            f"prompt of {len(ids)} tokens reaches max_model_len {info.max_model_len}", "prompt")
+    bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(f"prompt token {bad} outside [0, {info.vocab_size})", "prompt")

@@ -23,16 +23,34 @@ def gen(**kw) -> Generate:
     dict(temperature=-1.0), dict(temperature=float("nan")), dict(temperature=float("inf")),
     dict(top_p=0.0), dict(top_p=1.01), dict(top_k=-1), dict(priority=1001),
     dict(priority=-1001), dict(seed=-1), dict(seed=2 ** 63), dict(stop=["a", ""]),
+    dict(top_k=2 ** 31), dict(top_k=2 ** 64 - 1), dict(max_tokens=2 ** 31),
+    dict(max_tokens=2 ** 63), dict(max_tokens=-2 ** 63), dict(temperature=1e-7),
+    dict(temperature=1e4 + 1), dict(temperature=float("-inf")), dict(top_p=float("nan")),
+    dict(priority=2 ** 63), dict(request_id="r" * 257), dict(stop=["s"] * 17),
+    dict(stop=["s" * 257]),
 ])
 def test_check_params_refuses(kw):
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest) as e:
         check_params(gen(**kw))
+    field = next(iter(kw))
+    assert e.value.field == field and field in str(e.value)
+
+
+@pytest.mark.parametrize("kw", [dict(max_tokens=11), dict(top_k=301, max_tokens=5)])
+def test_check_params_with_the_model_refuses(kw):
+    check_params(gen(**kw))  # in the wire types' range: only the model knows better
+    with pytest.raises(InvalidRequest) as e:
+        check_params(gen(**kw), INFO)
+    assert e.value.field == next(iter(kw))
 
 
 def test_check_params_accepts_edges():
     check_params(gen(temperature=0.0, top_p=1.0, top_k=0, priority=-1000, seed=2 ** 63 - 1,
                      stop=["x"]))
     check_params(gen(priority=1000, seed=0, stop=None))
+    check_params(gen(max_tokens=10, top_k=300, temperature=1e-6, stop=["s" * 256] * 16,
+                     request_id="r" * 256), INFO)
+    check_params(gen(max_tokens=2 ** 31 - 1, top_k=2 ** 31 - 1, temperature=1e4))
 
 
 @pytest.mark.parametrize("ids", [[], [-1], [300], [1] * 10])

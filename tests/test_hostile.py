@@ -132,6 +132,14 @@ def test_frontend_fuzz_10000_frames(group):
     assert group.alive()
 
 
+def test_a_17_mb_frame_gets_413(group):
+    with Client(group.address, timeout=60) as c:
+        with pytest.raises(ClientError) as e:
+            c.generate("x" * (17 << 20), max_tokens=1, request_id="huge")
+        assert e.value.code == 413
+        assert c.generate("after", max_tokens=2).finish_reason is not None
+
+
 # ---------------------------------------------------------------- misbehaving clients
 
 def wait_aborted(log, pattern: str, n: int, timeout: float) -> bool:

@@ -1,0 +1,31 @@
+"""core/channel.py alone: which endpoints count as local, and the hard frame cap."""
+from __future__ import annotations
+
+import pytest
+
+from core.channel import hard_frame_cap, is_loopback
+from core.protocol import DEFAULT_MAX_FRAME_BYTES
+
+
+@pytest.mark.parametrize("address", [
+    "tcp://127.0.0.1:7600", "tcp://127.9.9.9:0", "tcp://localhost:7600", "tcp://[::1]:7600",
+    "ipc:///tmp/tl-engine/core-in", "inproc://core",
+])
+def test_local_endpoints(address):
+    assert is_loopback(address)
+
+
+@pytest.mark.parametrize("address", [
+    "tcp://0.0.0.0:7600", "tcp://*:7600", "tcp://10.0.0.1:7600", "tcp://example.com:7600",
+    "tcp://eth0:7600", "tcp://127.0.0.1;10.0.0.1:7600", "tcp://[::1:7600",
+    "tipc://{5560,0,0}", "pgm://eth0;239.192.1.1:5555", "epgm://eth0;239.192.1.1:5555",
+    "vmci://1:5555", "ws://127.0.0.1:5555", "wss://127.0.0.1:5555", "udp://127.0.0.1:5555",
+    "norm://127.0.0.1:5555", "TCP://127.0.0.1:7600", "127.0.0.1:7600", "",
+])
+def test_everything_else_is_remote(address):
+    assert not is_loopback(address)
+
+
+def test_hard_cap_reads_realistic_oversize_frames():
+    assert hard_frame_cap(DEFAULT_MAX_FRAME_BYTES) >= 256 << 20
+    assert hard_frame_cap(16 << 20) == 64 * (16 << 20)
