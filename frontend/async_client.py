@@ -31,6 +31,11 @@ class AsyncClient:
         self._watcher: asyncio.Task | None = None
         self._closed = False
 
+    @property
+    def inflight(self) -> int:
+        """Requests started on this client that have not ended yet."""
+        return len(self._queues)
+
     async def __aenter__(self) -> "AsyncClient":
         self._ensure_reader()
         return self

@@ -20,47 +20,34 @@ class ClientPool:
     def __init__(self, address: str, timeout: float, size: int = 64):
         self.address, self.timeout, self.size = address, timeout, size
         self._members: dict[str, AsyncClient] = {}
-        self._busy: dict[str, int] = {}
-        self._last: dict[str, float] = {}
+        self._used: dict[str, float] = {}
         self.control = AsyncClient(address, timeout=timeout)   # stats(), health
 
-    def key(self, peer: str | None) -> str:
-        peer = peer or "-"
+    def member(self, peer: str | None) -> AsyncClient:
+        """The client that carries `peer`'s requests."""
+        key = self._key(peer or "-")
+        if key not in self._members:
+            self._members[key] = AsyncClient(self.address, timeout=self.timeout)
+        self._used[key] = time.monotonic()
+        return self._members[key]
+
+    def _key(self, peer: str) -> str:
         if peer in self._members or len(self._members) < self.size:
             return peer
         keys = sorted(self._members)
         return keys[zlib.crc32(peer.encode()) % len(keys)]
 
-    def client(self, key: str) -> AsyncClient:
-        if key not in self._members:
-            self._members[key] = AsyncClient(self.address, timeout=self.timeout)
-            self._busy[key] = 0
-        self._last[key] = time.monotonic()
-        return self._members[key]
-
-    async def stream(self, peer: str | None = None, **kwargs):
-        """AsyncClient.stream on `peer`'s member, as an async generator."""
-        key = self.key(peer)
-        client = self.client(key)
-        self._busy[key] += 1
-        try:
-            async for d in client.stream(**kwargs):
-                yield d
-        finally:
-            self._busy[key] -= 1
-            self._last[key] = time.monotonic()
-
     async def stats(self) -> dict:
         return await self.control.stats()
 
     async def reap(self) -> None:
-        """Close members with nothing in flight for IDLE_S."""
+        """Close the members with nothing in flight that nobody used for IDLE_S."""
         now = time.monotonic()
-        idle = [k for k, n in self._busy.items() if n == 0 and now - self._last[k] > IDLE_S]
+        idle = [k for k, c in self._members.items()
+                if not c.inflight and now - self._used[k] > IDLE_S]
         for k in idle:
-            client = self._members.pop(k)
-            del self._busy[k], self._last[k]
-            await client.close()
+            del self._used[k]
+            await self._members.pop(k).close()
 
     async def close(self) -> None:
         clients = [*self._members.values(), self.control]

@@ -24,7 +24,8 @@ from aiohttp import web
 
 from core.channel import is_loopback_host
 from core.lifeline import die_with_parent
-from frontend.client import AsyncClient, ClientError
+from frontend.client import ClientError
+from frontend.client_pool import ClientPool
 from frontend.http_app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http_chat import ChatTemplate
 from frontend.http_metrics import Metrics
@@ -32,6 +33,7 @@ from frontend.http_metrics import Metrics
 log = logging.getLogger("http")
 
 RETRY_S = 0.2
+REAP_S = 10.0   # how often idle per-peer clients are closed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +69,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def wait_for_engine(client: AsyncClient, timeout: float) -> dict:
+async def wait_for_engine(client: ClientPool, timeout: float) -> dict:
     """The first stats() answer; the frontend says 503 until its core is ready."""
     deadline = time.monotonic() + timeout
     while True:
@@ -84,7 +86,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client = AsyncClient(args.frontend, timeout=args.request_timeout)
+    client = ClientPool(args.frontend, timeout=args.request_timeout)
     try:
         stats = await wait_for_engine(client, args.startup_timeout)
         chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"])
@@ -98,7 +100,10 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
         try:
             await web.SockSite(runner, sock).start()
             print(f"READY {url_of(sock)}", flush=True)
-            await stop.wait()
+            stopped = asyncio.ensure_future(stop.wait())
+            while not stopped.done():
+                await asyncio.wait([stopped], timeout=REAP_S)
+                await client.reap()
             log.info("draining")
         finally:
             await runner.cleanup()  # stops listening, then awaits in-flight handlers

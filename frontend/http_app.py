@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.lifeline import pid_alive
 from frontend.client_base import ClientError
+from frontend.client_pool import ClientPool
 from frontend.http_chat import ChatTemplate
 from frontend.http_format import ChatFormat, CompletionFormat
 from frontend.http_generate import RETRY_AFTER_S, generate
@@ -39,13 +40,18 @@ CLIENT_GONE = 499         # nginx's code for "the client went away first"
 @dataclass
 class Gateway:
     """What the handlers share: one per app, never module-global."""
-    client: object           # frontend.client.AsyncClient (or a stand-in in tests)
+    client: object           # a ClientPool (or one client-like stand-in in tests)
     model: str               # the name /v1/models lists and replies carry
     max_model_len: int
     chat: ChatTemplate
     metrics: Metrics
     created: int
     body_timeout: float = BODY_TIMEOUT_S
+
+    def client_for(self, request: web.Request):
+        """The client that carries this HTTP peer's requests (see ClientPool)."""
+        pool = self.client
+        return pool.member(request.remote) if isinstance(pool, ClientPool) else pool
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -133,7 +139,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
     gen = parse_completion(body, priority, gw.max_model_len)
-    return await generate(request, gw.client, gen, CompletionFormat(gw.model), gw.metrics)
+    return await generate(request, gw.client_for(request), gen, CompletionFormat(gw.model),
+                          gw.metrics)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -141,7 +148,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body, priority = await _body(request)
     # No max_tokens: run to the context limit (the engine ends such a request "length").
     gen = parse_chat(body, priority, gw.chat.render, gw.max_model_len, gw.max_model_len)
-    return await generate(request, gw.client, gen, ChatFormat(gw.model), gw.metrics)
+    return await generate(request, gw.client_for(request), gen, ChatFormat(gw.model),
+                          gw.metrics)
 
 
 async def models(request: web.Request) -> web.Response:

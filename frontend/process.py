@@ -190,7 +190,7 @@ class Frontend:
                                f"this client already has {cap} requests in flight "
                                "(--max-inflight-per-client)")
         try:
-            check_params(msg)
+            check_params(msg, self.info)
             ids = (self.tokenizer.encode(msg.prompt) if isinstance(msg.prompt, str)
                    else msg.prompt)
             check_prompt_ids(ids, self.info)

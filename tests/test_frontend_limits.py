@@ -88,3 +88,27 @@ def test_a_dead_frontend_fails_its_requests_with_503_at_once(tmp_path):
         core.stop()
     assert err.code == 503 and "lost the connection" in err.message
     assert took < 10, took   # the aim is 2 s; it is the time the socket's close takes to arrive
+
+
+def test_the_gateway_pool_gives_each_peer_its_own_client(engine):
+    from frontend.client_pool import ClientPool
+
+    async def run():
+        pool = ClientPool(engine.address, timeout=10, size=2)
+        try:
+            a, b = pool.member("10.0.0.1"), pool.member("10.0.0.2")
+            shared = pool.member("10.0.0.3")          # past `size`: shares by hash
+            held = [asyncio.create_task(a.generate("hang", request_id=f"pool{i}"))
+                    for i in range(CAP)]
+            await wait_adds(engine, "pool", CAP)
+            with pytest.raises(ClientError) as e:     # peer 1 is at the cap ...
+                await a.generate("hello", max_tokens=50)
+            other = await b.generate("hello", max_tokens=50)   # ... peer 2 is not
+            for t in held:
+                t.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            return e.value, other, a is not b and shared in (a, b), len(pool)
+        finally:
+            await pool.close()
+    err, other, distinct, size = asyncio.run(run())
+    assert err.code == 429 and other.text == "hello" and distinct and size == 2

@@ -25,10 +25,9 @@ GROUP_ARGS = ["--http-port", "0"]
 
 @pytest.fixture(scope="module")
 def gateway(group) -> str:
-    """serve prints `http URL` right after `ready ADDRESS`."""
-    line = group.proc.stdout.readline().split()
-    assert line[0] == "http" and line[1].startswith("http://127.0.0.1:"), line
-    return line[1]
+    """serve prints `http URL` right after `ready ADDRESS` (start_group reads it)."""
+    assert group.http.startswith("http://127.0.0.1:"), group.http
+    return group.http
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +91,11 @@ def test_metrics_parse_and_move_with_traffic(gateway, oai, group):
     assert ("tl_preemptions_total", ()) in after
 
 
-def test_health_503_when_a_process_dies_and_serve_stops_when_the_gateway_does(tmp_path):
+def test_health_503_while_the_worker_is_replaced(tmp_path):
+    """(A dead gateway is restarted: tests/test_faults.py.)"""
     g = start_group(tmp_path, ["--http-port", "0"], log=False)
     try:
-        url = g.proc.stdout.readline().split()[1]
+        url = g.http
         assert http("GET", url + "/health")[0] == 200
         with Client(g.address) as c:
             pids = c.stats()["pids"]
@@ -106,10 +106,6 @@ def test_health_503_when_a_process_dies_and_serve_stops_when_the_gateway_does(tm
             time.sleep(0.05)
         assert reply[0] == 503
         assert_openai_error(reply[2], 503)
-
-        os.kill(child_running(g.proc.pid, "frontend.http"), signal.SIGKILL)
-        assert g.proc.wait(30) == 1
-        assert "http exited with code -9" in g.tail()
     finally:
         g.stop()
 
@@ -120,34 +116,3 @@ def test_a_non_loopback_http_host_needs_allow_remote():
         r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=60,
                            check=False, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert r.returncode == 2 and "--allow-remote" in r.stderr, r.stderr
-
-
-def child_running(pid: int, module: str) -> int:
-    """The pid of `pid`'s child whose command line runs `python -m module`."""
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        for child in f.read().split():
-            with open(f"/proc/{child}/cmdline", "rb") as cmd:
-                if module.encode() in cmd.read().split(b"\0"):
-                    return int(child)
-    raise LookupError(module)
-
-
-def test_sigterm_drains_an_in_flight_http_request_then_serve_exits_0(group, oai):
-    got = {}
-
-    def read_stream():
-        stream = oai.completions.create(model="tiny", prompt="drain me", max_tokens=40,
-                                        stream=True, extra_body={"ignore_eos": True})
-        got["chunks"] = [next(stream)]
-        started.set()
-        got["chunks"] += list(stream)
-
-    started = threading.Event()
-    t = threading.Thread(target=read_stream)
-    t.start()
-    assert started.wait(30)
-    group.proc.send_signal(signal.SIGTERM)
-    t.join(60)
-    assert group.proc.wait(60) == 0
-    last = got["chunks"][-1]
-    assert last.choices[0].finish_reason == "length" and last.usage.completion_tokens == 40
