@@ -197,3 +197,58 @@ def test_the_offline_log_interface_is_uniform():
     assert null.problem is None and null.refusal() is None and null.abort_reason() is None
     null.close()
 
+
+def test_core_refuses_new_requests_and_aborts_those_in_flight(tmp_path, monkeypatch):
+    """CoreLoop.add and CoreLoop.shed on a real CoreLoop whose engine steps offline."""
+    import zmq
+
+    from core.channel import Channel
+    from core.config import CoreConfig, log_meta
+    from core.process import CoreLoop
+    from core.protocol import I32, AddRequest, Rejected, SamplingParams
+    from core.steplog import StepLog
+    from tests.logfaults import INFO
+
+    disk = DiskFull(monkeypatch)
+    ctx = zmq.Context()
+    ep = [f"ipc://{tmp_path}/{k}" for k in ("fe_in", "fe_out", "wk_in", "wk_out")]
+    cfg = CoreConfig(*ep, max_seqs=8, max_batch_tokens=64)
+    loop = CoreLoop(cfg, ctx)
+    frontend = Channel(ctx, zmq.PULL, ep[1], bind=False)
+    log = StepLog(str(tmp_path / "steps.db"), log_meta(cfg, INFO), max_backlog=200)
+    loop.engine, loop.info, loop.log = engine_for(log), INFO, log
+
+    def add(rid: int) -> None:
+        loop.add(AddRequest(rid, "", I32([5, 6, 7]), 200, 0, SamplingParams(), True))
+
+    def answer() -> Rejected:
+        assert frontend.poll(5000)
+        return frontend.recv()
+    try:
+        add(1), add(2)
+        disk.full = True
+        wait_until(lambda: (loop.engine.step(), log.problem)[1], what="a write error")
+        add(3)
+        assert answer() == Rejected(3, 503, "step log: database or disk is full")
+        loop.shed()
+        assert not frontend.poll(100)  # below the bound: the two go on
+        while log.abort_reason() is None:
+            loop.engine.step()
+        loop.shed()
+        got = sorted([answer(), answer()], key=lambda r: r.rid)
+        assert [(r.rid, r.code) for r in got] == [(1, 503), (2, 503)]
+        assert got[0].message.startswith("step log: database or disk is full; ")
+        assert not loop.engine.sched.has_unfinished() and not loop.rid_of
+        disk.full = False
+        wait_until(lambda: log.problem is None, what="recovery")
+        add(4)
+        assert list(loop.id_of) == [4]
+        loop.engine.run()
+    finally:
+        loop.close()
+        frontend.close()
+        ctx.term()
+    conn = sqlite3.connect(tmp_path / "steps.db")
+    reasons = dict(conn.execute("SELECT id, finish_reason FROM requests"))
+    assert reasons == {0: "abort", 1: "abort", 2: "length"}  # logged once writing resumed
+    assert verified(tmp_path / "steps.db") > 0
