@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from replay.__main__ import main as replay_main
 from replay.logfile import LogFile
 from replay.verify import verify
 from tests.logfaults import DiskFull, count, engine_for, new_log, run_steps, wait_until
@@ -95,6 +96,9 @@ def test_serve_mode_drops_steps_and_records_the_gap(tmp_path, monkeypatch, capfd
     assert reason == "step log: database or disk is full"
     assert steps == set(range(engine.step_no)) - set(range(first, last + 1))
     assert "serving on without logging" in capfd.readouterr().err
+    assert replay_main(["verify", str(path)]) == 2
+    err = capfd.readouterr().err
+    assert f"steps {first}..{last} were not logged" in err and err.count("\n") == 1
 
 
 def test_removed_file_is_restored_with_every_step(tmp_path, capfd):
