@@ -85,7 +85,9 @@ def rows(v, where: str, kinds: tuple) -> list[list]:
     """A list of fixed-length rows, e.g. [[id, token, stop], ...] with kinds (int, int, bool)."""
     if type(v) is not list:
         raise DamagedLog(f"{where} is {_show(v)}, not a list")
-    if set(map(type, v)) <= {list} and {tuple(map(type, row)) for row in v} <= {kinds}:
+    # Column by column: a few allocations per call, not one per row (they wake the GC).
+    if not v or (set(map(type, v)) == {list} and set(map(len, v)) == {len(kinds)} and all(
+            set(map(type, col)) == {k} for col, k in zip(zip(*v), kinds))):
         return v
     bad = next(row for row in v if type(row) is not list or tuple(map(type, row)) != kinds)
     names = ", ".join(k.__name__ for k in kinds)
