@@ -14,6 +14,9 @@ def main(argv=None) -> int:
     for name in ("--frontend-in", "--frontend-out", "--worker-in", "--worker-out"):
         p.add_argument(name, required=True)
     p.add_argument("--log", default=None)
+    p.add_argument("--log-errors", choices=["stop", "serve"], default="stop",
+                   help="when the log cannot be written: refuse new requests (stop) or"
+                        " serve on and record the steps lost as a gap (serve)")
     add_sched_args(p)
     cfg = config_from_args(p.parse_args(argv))
     die_with_parent()

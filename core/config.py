@@ -27,6 +27,7 @@ class CoreConfig:
     seed: int = 0
     step_timeout: float = 60.0
     log: str | None = None
+    log_errors: str = "stop"   # "stop" | "serve": see core/steplog.py
 
     def sched_config(self, info: ModelInfo) -> SchedulerConfig:
         limit = min(info.max_model_len, self.max_model_len or info.max_model_len)
@@ -70,7 +71,7 @@ def config_from_args(a: argparse.Namespace) -> CoreConfig:
                       policy=a.policy, aging_steps=a.aging_steps or None,
                       max_model_len=a.max_model_len, preempt_margin=a.preempt_margin,
                       prefill=a.prefill, max_chunk=a.max_chunk, seed=a.seed,
-                      step_timeout=a.step_timeout, log=a.log)
+                      step_timeout=a.step_timeout, log=a.log, log_errors=a.log_errors)
 
 
 def package_versions() -> dict:

@@ -59,13 +59,22 @@ def state_hash(prev: str, snapshot, sched_doc: dict, outputs: list) -> str:
 
 
 class NullLog:
-    """The step log's interface; this one records nothing."""
+    """The step log's interface; this one records nothing and is always healthy.
+
+    `problem`, `refusal()` and `abort_reason()` are None or a one-line reason: the log
+    cannot be written / a new request must be refused / the requests in flight must be
+    aborted (core/steplog.py)."""
+
+    problem = None
 
     def add_request(self, rid, client_request_id, arrival, req, sampling, ignore_eos): pass
     def input(self, step, kind, rid): pass
     def step(self, record: "StepRecord"): pass
     def finish(self, rid, step, reason, output_tokens): pass
     def flush(self): pass
+    def close(self): pass
+    def refusal(self) -> str | None: return None
+    def abort_reason(self) -> str | None: return None
 
 
 @dataclass

@@ -95,7 +95,8 @@ class CoreLoop:
         msg = self.wait_worker()
         self.info, self.worker_pid = msg.info, msg.pid
         if self.cfg.log:
-            self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info))
+            self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info),
+                               on_error=self.cfg.log_errors)
         self.engine = self.cfg.make_engine(msg.info, self.log)
         self.announce()
         _log(f"ready: {msg.info.model}, {msg.info.num_blocks} blocks of {msg.info.block_size}")
@@ -127,6 +128,7 @@ class CoreLoop:
             self.drain_inputs(block_ms=0 if busy else 1000)
             if not busy and not pid_alive(self.worker_pid):
                 self.replace_worker("it exited while idle", abandon=False)
+            self.shed()
             if self.engine.sched.has_unfinished():
                 self.step()
 
@@ -191,6 +193,10 @@ class CoreLoop:
         self.announce()
 
     def add(self, msg: AddRequest) -> None:
+        refusal = self.engine.log.refusal()  # the step log cannot be written
+        if refusal is not None:
+            self.send(Rejected(rid=msg.rid, code=503, message=refusal))
+            return
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
         try:
             sid = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
@@ -204,6 +210,18 @@ class CoreLoop:
             self.send(Rejected(rid=msg.rid, code=500, message=f"internal error: {e!r}"))
             return
         self.rid_of[sid], self.id_of[msg.rid] = msg.rid, sid
+
+    def shed(self) -> None:
+        """The step log has been unwritable with too much waiting: abort every request."""
+        why = self.engine.log.abort_reason()
+        if why is None or not self.rid_of:
+            return
+        _log(f"aborting {len(self.rid_of)} request(s): {why}")
+        for rid in self.rid_of.values():
+            self.send(Rejected(rid=rid, code=503, message=why))
+        self.engine.abort_all()
+        self.rid_of.clear()
+        self.id_of.clear()
 
     def step(self) -> None:
         try:

@@ -1,25 +1,32 @@
 """The step log: every input, ScheduleOutput and StepOutput of a run, in SQLite.
 
-Tables (DESIGN.md "Step log columns"): meta, requests, inputs, steps; JSON columns so that
-`sqlite-utils query` and datasette read a log as it is. WAL with synchronous=NORMAL and
-one transaction per step: a kill -9 loses nothing committed.
+Tables: meta, requests, inputs, steps, and gaps (steps that were not logged, see below);
+JSON columns so that `sqlite-utils query` and datasette read a log as it is. WAL with
+synchronous=NORMAL and one transaction per step: a kill -9 loses nothing committed.
 
-The step loop only appends Python objects to a queue; a writer thread encodes them and
-commits, so the log's cost on the critical path is an append per record.
+The step loop only appends Python objects to a queue; a writer thread (core/logwriter.py)
+encodes them and commits, so the log's cost on the critical path is an append per record.
+The writer never dies of a write error: it retries, and `problem` says meanwhile why the
+log cannot be written. What the core does then is `on_error`'s choice:
+  "stop"  (default) new requests are refused (`refusal()`); those in flight go on while
+          their records wait in memory, and once more than `max_backlog` wait they are
+          aborted (`abort_reason()`). Nothing is lost: the log stays a prefix of the run.
+  "serve" requests are accepted; beyond `max_backlog` whole steps are dropped, and once
+          writing resumes a `gaps` row names them, so that replay stops there.
 """
 from __future__ import annotations
 
 import json
 import os
-import queue
-import sqlite3
-import threading
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import sqlite_utils
 
+from core.logwriter import CHECKPOINT_S, Writer, say
+
 FORMAT = 2  # bump when the tables or the state hash change meaning
-_STOP = object()
+ON_ERROR = ("stop", "serve")
+MAX_BACKLOG = 1_000_000  # records (a step's outputs count one each): ~100 MB
 
 SCHEMA = {
     "meta": ({"key": str, "value": str}, "key"),
@@ -31,6 +38,8 @@ SCHEMA = {
                "outputs": str, "free_blocks": int, "running": int, "waiting": int,
                "hash": str}, "step"),
 }
+# Logs made before gaps existed lack this table; readers take its absence for no gaps.
+GAPS = ({"first_step": int, "last_step": int, "records": int, "reason": str}, "first_step")
 
 
 def create(path: str) -> sqlite_utils.Database:
@@ -41,26 +50,67 @@ def create(path: str) -> sqlite_utils.Database:
     db = sqlite_utils.Database(path)
     db.enable_wal()
     db.execute("PRAGMA synchronous=NORMAL")
-    for name, (columns, pk) in SCHEMA.items():
+    for name, (columns, pk) in {**SCHEMA, "gaps": GAPS}.items():
         db[name].create(columns, pk=pk)
     return db
+
+
+@dataclass
+class Gap:
+    """Steps first_step..last_step, and the inputs and finishes queued with them, were
+    dropped (--log-errors serve, the log unwritable for too long)."""
+    first_step: int
+    last_step: int
+    reason: str
+    records: int = 0
 
 
 class StepLog:
     """The Engine's log (see core.engine.NullLog for the interface)."""
 
-    def __init__(self, path: str, meta: dict):
-        self.path = path
+    def __init__(self, path: str, meta: dict, on_error: str = "stop",
+                 max_backlog: int = MAX_BACKLOG, checkpoint_s: float = CHECKPOINT_S):
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         db = create(path)
         db["meta"].insert_all([{"key": k, "value": json.dumps(v)} for k, v in
                                {"format": FORMAT, **meta}.items()])
         db.close()
+        self.on_error, self.max_backlog = on_error, max_backlog
         self._pending: list[tuple] = []
         self._seq_step, self._seq_n = -1, 0
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write_loop, name="steplog", daemon=True)
-        self._thread.start()
+        self._queued = 0   # records handed to the writer; only the step loop adds
+        self._gap: Gap | None = None
+        self._writer = Writer(path, checkpoint_s=checkpoint_s)
+
+    # ---- health, read by the step loop
+
+    @property
+    def path(self) -> str:
+        """Where the log is now (it moves when its file is replaced while in use)."""
+        return self._writer.path
+
+    @property
+    def problem(self) -> str | None:
+        """None while the log is written; else why not, in one line."""
+        return self._writer.problem
+
+    @property
+    def backlog(self) -> int:
+        """Records handed to the writer and not committed yet."""
+        return self._queued - self._writer.written
+
+    def refusal(self) -> str | None:
+        """Why a new request must be refused now (on_error "stop"), or None."""
+        return self._writer.problem if self.on_error == "stop" else None
+
+    def abort_reason(self) -> str | None:
+        """Why the requests in flight must be aborted now: the log has been unwritable
+        for so long that more than max_backlog records wait (on_error "stop")."""
+        problem = self._writer.problem
+        if self.on_error != "stop" or problem is None or self.backlog <= self.max_backlog:
+            return None
+        return f"{problem}; {self.backlog} step log records wait in memory"
 
     # ---- called by the engine, on the step loop's thread
 
@@ -80,63 +130,48 @@ class StepLog:
         self._pending.append(("fin", (rid, step, reason, list(output_tokens or ()))))
 
     def step(self, record) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"step log writer failed: {self._error}")
         self._pending.append(("step", record))
-        self._q.put(self._pending)
-        self._pending = []
+        batch, self._pending = self._pending, []
+        records = len(batch) + len(record.outputs)
+        if not self._dropped(record.step, records):
+            self._put(batch, records)
 
     def flush(self) -> None:
-        """Commit inputs and finishes that no step has followed yet (the loop is idle)."""
-        if self._pending:
-            self._q.put(self._pending)
+        """Commit inputs and finishes that no step has followed yet (the loop is idle).
+        While steps are being dropped they wait for the next step's fate instead."""
+        if self._pending and self._gap is None:
+            self._put(self._pending, len(self._pending))
             self._pending = []
 
     def close(self) -> None:
         self.flush()
-        self._q.put(_STOP)
-        self._thread.join()
+        self._writer.close()
 
-    # ---- the writer thread
+    # ---- internals
 
-    def _write_loop(self) -> None:
-        conn = sqlite3.connect(self.path, check_same_thread=False)
-        conn.execute("PRAGMA synchronous=NORMAL")
-        try:
-            while (batch := self._q.get()) is not _STOP:
-                with conn:
-                    for kind, payload in batch:
-                        _WRITERS[kind](conn, payload)
-        except BaseException as e:  # surfaced to the step loop at the next step
-            self._error = e
-        finally:
-            conn.close()
+    def _put(self, batch: list, records: int) -> None:
+        self._queued += records
+        self._writer.put(batch, records)
 
-
-def _write_request(conn, p) -> None:
-    rid, crid, arrival, prompt, max_tokens, priority, sampling = p
-    conn.execute("INSERT INTO requests (id, client_request_id, arrival_step, prompt_tokens,"
-                 " max_tokens, priority, sampling) VALUES (?,?,?,?,?,?,?)",
-                 (rid, crid, arrival, json.dumps(prompt), max_tokens, priority,
-                  json.dumps(sampling)))
-
-
-def _write_input(conn, p) -> None:
-    conn.execute("INSERT INTO inputs (step, seq, kind, request_id) VALUES (?,?,?,?)", p)
-
-
-def _write_finish(conn, p) -> None:
-    rid, step, reason, output = p
-    conn.execute("UPDATE requests SET finish_step=?, finish_reason=?, output_tokens=?"
-                 " WHERE id=?", (step, reason, json.dumps(output), rid))
-
-
-def _write_step(conn, r) -> None:
-    conn.execute("INSERT INTO steps (step, wall_time, duration_ms, schedule, outputs,"
-                 " free_blocks, running, waiting, hash) VALUES (?,?,?,?,?,?,?,?,?)",
-                 (r.step, r.wall_time, r.duration_ms, json.dumps(r.schedule),
-                  json.dumps(r.outputs), r.free_blocks, r.running, r.waiting, r.hash))
-
-
-_WRITERS = {"req": _write_request, "in": _write_input, "fin": _write_finish,
-            "step": _write_step}
+    def _dropped(self, step: int, records: int) -> bool:
+        """on_error "serve": whether this step's batch is dropped (the log has been
+        unwritable with max_backlog records waiting); records the gap once it is over."""
+        if self.on_error != "serve":
+            return False
+        problem = self._writer.problem
+        gap = self._gap
+        if gap is None:
+            if problem is None or self.backlog + records <= self.max_backlog:
+                return False
+            self._gap = gap = Gap(step, step, problem)
+            say(f"{problem}: {self.backlog} records wait; serving on without logging"
+                f" (--log-errors serve) from step {step}; the gap will be recorded")
+        elif problem is None:
+            self._put([("gap", gap)], 1)
+            self._gap = None
+            say(f"logging again from step {step}: steps {gap.first_step}..{gap.last_step}"
+                f" ({gap.records} records) were dropped and are recorded as a gap")
+            return False
+        gap.last_step = step
+        gap.records += records
+        return True

@@ -1,10 +1,14 @@
-"""python -m replay (scripts/replay): verify, summary, request, diff, plot a step log."""
+"""python -m replay (scripts/replay): verify, summary, request, diff, plot a step log.
+
+Exit codes: 0 success, 1 a divergence (verify) or a difference (diff), 2 a file that is
+not a readable, whole step log (one line on stderr saying why).
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from replay.logfile import LogError, LogFile
+from replay.logfile import DamagedLog, LogFile
 
 
 def _context(log: LogFile, step: int, around: int = 2) -> str:
@@ -19,6 +23,8 @@ def _context(log: LogFile, step: int, around: int = 2) -> str:
 def cmd_verify(a) -> int:
     from replay.verify import verify
     log = LogFile(a.file)
+    if log.num_steps() == 0:
+        raise DamagedLog(f"{a.file}: the log holds no steps, so there is nothing to verify")
     for w in log.version_warnings():
         print(f"warning: {w}", file=sys.stderr)
     runner = None
@@ -95,8 +101,8 @@ def main(argv=None) -> int:
     a = parser().parse_args(argv)
     try:
         return a.fn(a)
-    except LogError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except DamagedLog as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -1,4 +1,5 @@
-"""The first step where two step logs of the same inputs differ."""
+"""The first difference between two step logs of the same inputs: in the steps, then the
+requests (a request missing from one, or changed), then the inputs."""
 from __future__ import annotations
 
 from itertools import zip_longest
@@ -9,6 +10,10 @@ FIELDS = ("schedule", "outputs", "free_blocks", "running", "waiting", "hash")
 
 
 def first_difference(a: LogFile, b: LogFile) -> str | None:
+    return _steps(a, b) or _requests(a, b) or _inputs(a, b)
+
+
+def _steps(a: LogFile, b: LogFile) -> str | None:
     for ra, rb in zip_longest(a.steps(), b.steps()):
         if ra is None or rb is None:
             longer, row = (b, rb) if ra is None else (a, ra)
@@ -17,4 +22,23 @@ def first_difference(a: LogFile, b: LogFile) -> str | None:
                  for f in FIELDS if getattr(ra, f) != getattr(rb, f)]
         if diffs:
             return f"step {ra.step} differs:\n" + "\n".join(diffs)
+    return None
+
+
+def _requests(a: LogFile, b: LogFile) -> str | None:
+    for rid in sorted(a.requests.keys() | b.requests.keys()):
+        ra, rb = a.requests.get(rid), b.requests.get(rid)
+        if ra is None or rb is None:
+            return f"request {rid}: only {(b if ra is None else a).path} has it"
+        diffs = [f"  {k}: {ra[k]!r} != {rb[k]!r}" for k in ra if ra[k] != rb[k]]
+        if diffs:
+            return f"request {rid} differs:\n" + "\n".join(diffs)
+    return None
+
+
+def _inputs(a: LogFile, b: LogFile) -> str | None:
+    for step in sorted(a.inputs.keys() | b.inputs.keys()):
+        ia, ib = a.inputs.get(step, []), b.inputs.get(step, [])
+        if ia != ib:
+            return f"inputs before step {step} differ:\n  {ia!r} != {ib!r}"
     return None

@@ -1,42 +1,32 @@
-"""Reading a step log: validation with clear errors, then typed access to its tables."""
+"""Reading a step log: its structure and every value checked on the way in (replay/rows.py),
+so that damage is a DamagedLog naming the file, the place and the fault, never a traceback."""
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
-from dataclasses import dataclass
+from contextlib import contextmanager
 
-from core.steplog import FORMAT, SCHEMA
+from core.steplog import FORMAT, GAPS, SCHEMA
+from replay.damage import DamagedLog
+from replay.rows import StepRow, check_meta, gap_message, input_row, request_row, step_row
 
+__all__ = ["DamagedLog", "LogFile", "StepRow"]
 
-class LogError(Exception):
-    """A file that cannot be read as a step log; the message says why."""
-
-
-@dataclass
-class StepRow:
-    step: int
-    wall_time: float
-    duration_ms: float
-    schedule: dict
-    outputs: list
-    free_blocks: int
-    running: int
-    waiting: int
-    hash: str
+STEP_COLUMNS = "step, wall_time, duration_ms, schedule, outputs, free_blocks, running, waiting, hash"
 
 
 def _connect(path: str) -> sqlite3.Connection:
     if not os.path.isfile(path):
-        raise LogError(f"{path}: no such file")
+        raise DamagedLog(f"{path}: no such file")
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as e:
-        raise LogError(f"{path}: not a step log (SQLite says: {e})") from None
+        raise DamagedLog(f"{path}: not a step log (SQLite says: {e})") from None
     missing = set(SCHEMA) - names
     if missing:
-        raise LogError(f"{path}: not a step log (no table {', '.join(sorted(missing))})")
+        raise DamagedLog(f"{path}: not a step log (no table {', '.join(sorted(missing))})")
     return conn
 
 
@@ -44,52 +34,88 @@ class LogFile:
     def __init__(self, path: str):
         self.path = path
         self.conn = _connect(path)
-        try:
-            self.meta = {k: json.loads(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
+        with self._reading():
+            self._check_columns()
+            self.meta = self._meta()
             self._check_format()
+            check_meta(self.meta)
+            self._check_gaps()
             self.requests = self._requests()
             self.inputs = self._inputs()
+
+    @contextmanager
+    def _reading(self):
+        """Every fault found while reading, as one DamagedLog that names the file."""
+        try:
+            yield
         except sqlite3.DatabaseError as e:
-            raise LogError(f"{path}: damaged step log (SQLite says: {e})") from None
+            raise DamagedLog(f"{self.path}: damaged step log (SQLite says: {e})") from None
+        except DamagedLog as e:
+            if str(e).startswith(f"{self.path}: "):
+                raise
+            raise DamagedLog(f"{self.path}: damaged step log: {e}") from None
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+    def _check_columns(self) -> None:
+        tables = {**SCHEMA, "gaps": GAPS} if "gaps" in self._tables() else SCHEMA
+        for name, (columns, _) in tables.items():
+            have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({name})")}
+            for col in columns:
+                if col not in have:
+                    raise DamagedLog(f"table {name} has no column {col}")
+
+    def _meta(self) -> dict:
+        meta = {}
+        for key, value in self.conn.execute("SELECT key, value FROM meta"):
+            try:
+                meta[key] = json.loads(value)
+            except (TypeError, ValueError):
+                raise DamagedLog(f"meta {key!r} is not JSON") from None
+        return meta
 
     def _check_format(self) -> None:
         fmt = self.meta.get("format")
         if fmt is None:
-            raise LogError(f"{self.path}: truncated step log: its meta table is empty")
+            raise DamagedLog(f"{self.path}: truncated step log: its meta table has no format")
         if fmt != FORMAT:
-            raise LogError(f"{self.path}: step log format {fmt}; this replay reads format {FORMAT}")
+            raise DamagedLog(f"{self.path}: step log format {fmt}; this replay reads format {FORMAT}")
+
+    def _check_gaps(self) -> None:
+        if "gaps" not in self._tables():
+            return  # a log from before gaps were recorded
+        row = self.conn.execute("SELECT first_step, last_step, records, reason FROM gaps"
+                                " ORDER BY first_step").fetchone()
+        if row is not None:
+            raise DamagedLog(f"{self.path}: incomplete step log: {gap_message(*row)}")
 
     def _requests(self) -> dict[int, dict]:
         cur = self.conn.execute("SELECT * FROM requests ORDER BY id")
         cols = [c[0] for c in cur.description]
         out = {}
         for row in cur:
-            r = dict(zip(cols, row))
-            for k in ("prompt_tokens", "sampling", "output_tokens"):
-                r[k] = json.loads(r[k]) if r[k] is not None else None
+            r = request_row(dict(zip(cols, row)))
             out[r["id"]] = r
         return out
 
     def _inputs(self) -> dict[int, list[tuple[str, int | None]]]:
         out: dict[int, list] = {}
-        for step, kind, rid in self.conn.execute(
-                "SELECT step, kind, request_id FROM inputs ORDER BY step, seq"):
+        for row in self.conn.execute("SELECT step, seq, kind, request_id FROM inputs"
+                                     " ORDER BY step, seq"):
+            step, kind, rid = input_row(*row, self.requests)
             out.setdefault(step, []).append((kind, rid))
         return out
 
     def num_steps(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM steps").fetchone()[0]
+        with self._reading():
+            return self.conn.execute("SELECT count(*) FROM steps").fetchone()[0]
 
     def steps(self):
         """Every StepRow in step order."""
-        try:
-            for row in self.conn.execute("SELECT step, wall_time, duration_ms, schedule, outputs,"
-                                         " free_blocks, running, waiting, hash FROM steps"
-                                         " ORDER BY step"):
-                yield StepRow(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]),
-                              *row[5:])
-        except sqlite3.DatabaseError as e:
-            raise LogError(f"{self.path}: damaged step log (SQLite says: {e})") from None
+        with self._reading():
+            for row in self.conn.execute(f"SELECT {STEP_COLUMNS} FROM steps ORDER BY step"):
+                yield step_row(row, self.requests)
 
     def version_warnings(self) -> list[str]:
         from core.config import package_versions

@@ -13,7 +13,7 @@ from core.batch import sampled_ids
 from core.config import engine_from_meta
 from core.engine import schedule_json
 from core.protocol import SamplingParams
-from core.sched import Request
+from core.sched import AdmitError, Request
 from replay.logfile import LogFile, StepRow
 from replay.progress import Progress
 
@@ -21,7 +21,7 @@ from replay.progress import Progress
 @dataclass
 class Divergence:
     step: int
-    what: str                       # "schedule" | "tokens" | "hash" | "input" | "steps"
+    what: str        # "schedule" | "outputs" | "tokens" | "hash" | "input" | "steps"
     diffs: list[str] = field(default_factory=list)
 
 
@@ -41,13 +41,17 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
             r = log.requests[rid]
             s = dict(r["sampling"])
             ignore_eos = s.pop("ignore_eos", False)
-            got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"]),
-                             SamplingParams(**s), ignore_eos=ignore_eos,
-                             client_request_id=r["client_request_id"] or "")
+            try:
+                got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"]),
+                                 SamplingParams(**s), ignore_eos=ignore_eos,
+                                 client_request_id=r["client_request_id"] or "")
+            except AdmitError as e:
+                return Divergence(step, "input", [f"request {rid} was refused: {e!r}"])
             if got != rid:
                 return Divergence(step, "input", [f"add gave id {got}, the log says {rid}"])
         elif kind == "abort":
-            engine.abort(rid)
+            if not engine.abort(rid):
+                return Divergence(step, "input", [f"request {rid} was not running to abort"])
         elif kind == "restart":
             engine.restart()
     return None
@@ -67,8 +71,13 @@ def _check_step(engine, row: StepRow, runner) -> Divergence | None:
     if got != row.schedule:
         return Divergence(row.step, "schedule", _diff_schedule(got, row.schedule))
     logged = [tok for _, tok, _ in row.outputs]
-    if not logged and sampled_ids(engine.last_schedule):
+    ids = sampled_ids(engine.last_schedule)
+    if not logged and ids:
         logged = None  # the worker died during this step: the core abandoned it
+    elif [o[0] for o in row.outputs] != ids:
+        return Divergence(row.step, "outputs", [f"the log's outputs are for requests"
+                                                f" {[o[0] for o in row.outputs]}, the replay"
+                                                f" samples {ids}"])
     if batch is not None and batch.num_seqs and logged is not None:
         tokens = list(runner.execute(batch))
         if tokens != logged:

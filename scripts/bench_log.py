@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.config import CoreConfig, log_meta  # noqa: E402
 from core.protocol import ModelInfo, SamplingParams  # noqa: E402
 from core.sched import Request  # noqa: E402
-from core.steplog import StepLog  # noqa: E402
+from core.steplog import CHECKPOINT_S, StepLog  # noqa: E402
 from replay.logfile import LogFile  # noqa: E402
 from replay.verify import verify  # noqa: E402
 from worker.null import NullRunner  # noqa: E402
@@ -29,10 +29,10 @@ INFO = ModelInfo(model="null", num_blocks=4096, block_size=16, max_model_len=204
 CFG = CoreConfig("-", "-", "-", "-", max_seqs=64, max_batch_tokens=2048)
 
 
-def run(n: int, path: Path | None) -> tuple[float, int, int]:
+def run(n: int, path: Path | None, checkpoint_s: float = CHECKPOINT_S) -> tuple[float, int, int]:
     """(seconds in the step loop, steps, generated tokens)."""
     rng = random.Random(0)
-    log = StepLog(str(path), log_meta(CFG, INFO)) if path else None
+    log = StepLog(str(path), log_meta(CFG, INFO), checkpoint_s=checkpoint_s) if path else None
     engine = CFG.make_engine(INFO, log)
     engine.runner = NullRunner(num_blocks=INFO.num_blocks)
     for _ in range(n):
@@ -53,13 +53,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="scripts/bench log")
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--checkpoint-s", type=float, default=CHECKPOINT_S,
+                   help="the writer's WAL checkpoint period ('inf': none but SQLite's own)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-log-"))
     off, on = [], []
     for i in range(a.repeats):
         off.append(run(a.requests, None))
-        on.append(run(a.requests, tmp / f"log{i}.db"))
+        on.append(run(a.requests, tmp / f"log{i}.db", a.checkpoint_s))
     best_off = min(off)
     best_on = min(on)
     steps, toks = best_on[1], best_on[2]

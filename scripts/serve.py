@@ -45,6 +45,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--allow-remote", action="store_true")
     p.add_argument("--log", default=None, help="step log file (default runs/<time>.db)")
     p.add_argument("--no-log", action="store_true")
+    p.add_argument("--log-errors", choices=["stop", "serve"], default="stop",
+                   help="when the log cannot be written: refuse new requests, or serve on")
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--kv-memory", type=int, default=None, help="KV cache bytes")
     p.add_argument("--block-size", type=int, default=16)
@@ -78,7 +80,7 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
     core = py + ["core", "--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"],
                  "--worker-in", ep["wk_in"], "--worker-out", ep["wk_out"]] + sched
     if log:
-        core += ["--log", log]
+        core += ["--log", log, "--log-errors", a.log_errors]
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
                    "--model", a.model, "--device", a.device, "--dtype", a.dtype,
                    "--block-size", str(a.block_size)]

@@ -1,0 +1,138 @@
+"""A step log's rows and meta, read with their types checked (replay/damage.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from operator import itemgetter
+
+from core.sched import SchedPolicy, SchedulerConfig
+from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
+                           optional, parsed, rows, text)
+
+INPUT_KINDS = {"add", "abort", "restart"}
+FINISH_REASONS = {"stop", "length", "abort"}
+SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
+            "seed": lambda v, w: optional(integer, v, w), "ignore_eos": boolean}
+OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
+_FIRST = itemgetter(0)
+META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
+
+
+@dataclass
+class StepRow:
+    step: int
+    wall_time: float
+    duration_ms: float
+    schedule: dict
+    outputs: list
+    free_blocks: int
+    running: int
+    waiting: int
+    hash: str
+
+
+def check_meta(meta: dict) -> dict:
+    """The keys replay needs to rebuild the engine, with their types."""
+    for key in META:
+        if key not in meta:
+            raise DamagedLog(f"meta has no key {key!r}")
+    text(meta["model"], "meta model")
+    integer(meta["block_size"], "meta block_size", 1)
+    integer(meta["num_blocks"], "meta num_blocks", 1)
+    integer(meta["seed"], "meta seed")
+    info = mapping(meta["model_info"], "meta model_info", ("eos_ids", "max_model_len"))
+    int_list(info["eos_ids"], "meta model_info eos_ids")
+    integer(info["max_model_len"], "meta model_info max_model_len", 1)
+    mapping(meta.get("versions", {}), "meta versions")
+    _check_sched_config(mapping(meta["sched_config"], "meta sched_config",
+                                [f.name for f in fields(SchedulerConfig)]))
+    pf = mapping(meta["prefill"], "meta prefill", ("kind", "max_chunk"))
+    one_of(pf["kind"], "meta prefill kind", {"chunked", "whole"})
+    integer(pf["max_chunk"], "meta prefill max_chunk", 1)
+    return meta
+
+
+def _check_sched_config(sc: dict) -> None:
+    one_of(sc["policy"], "meta sched_config policy", {p.name for p in SchedPolicy})
+    for f in fields(SchedulerConfig):
+        if f.name == "policy":
+            continue
+        where = f"meta sched_config {f.name}"
+        if f.name in OPTIONAL_SCHED:
+            optional(integer, sc[f.name], where, 1)
+        else:
+            integer(sc[f.name], where, 1)
+
+
+def request_row(r: dict) -> dict:
+    rid = integer(r["id"], "a request id", 0)
+    w = f"request {rid}:"
+    prompt = int_list(parsed(r["prompt_tokens"], f"{w} prompt_tokens"), f"{w} prompt_tokens", 0)
+    if not prompt:
+        raise DamagedLog(f"{w} empty prompt")
+    out = r["output_tokens"]
+    return {"id": rid,
+            "client_request_id": optional(text, r["client_request_id"], f"{w} client_request_id"),
+            "arrival_step": integer(r["arrival_step"], f"{w} arrival_step", 0),
+            "prompt_tokens": prompt,
+            "max_tokens": integer(r["max_tokens"], f"{w} max_tokens", 1),
+            "priority": integer(r["priority"], f"{w} priority"),
+            "sampling": _sampling(parsed(r["sampling"], f"{w} sampling"), f"{w} sampling"),
+            "finish_step": optional(integer, r["finish_step"], f"{w} finish_step", 0),
+            "finish_reason": optional(one_of, r["finish_reason"], f"{w} finish_reason",
+                                      FINISH_REASONS),
+            "output_tokens": None if out is None else int_list(
+                parsed(out, f"{w} output_tokens"), f"{w} output_tokens", 0)}
+
+
+def _sampling(doc, where: str) -> dict:
+    for key, value in mapping(doc, where).items():
+        read = SAMPLING.get(key)
+        if read is None:
+            raise DamagedLog(f"{where} has an unknown key {key!r}")
+        read(value, f"{where} {key}")
+    return doc
+
+
+def input_row(step, seq, kind, rid, requests: dict) -> tuple[int, str, int | None]:
+    step = integer(step, "an input's step", 0)
+    w = f"input {seq} before step {step}"
+    one_of(kind, f"{w} kind", INPUT_KINDS)
+    if kind == "restart":
+        return step, kind, None
+    if rid not in requests:
+        raise DamagedLog(f"{w} ({kind}) names request {_name(rid)}, which the requests"
+                         " table lacks")
+    return step, kind, rid
+
+
+def step_row(row: tuple, requests: dict) -> StepRow:
+    step = integer(row[0], "a step number", 0)
+    w = f"step {step}:"
+    schedule = _schedule(parsed(row[3], f"{w} schedule"), f"{w} schedule")
+    outputs = rows(parsed(row[4], f"{w} outputs"), f"{w} outputs", (int, int, bool))
+    ids = set(map(_FIRST, schedule["prefill"])).union(
+        schedule["decode"], schedule["preempted"], map(_FIRST, outputs))
+    missing = ids.difference(requests)
+    if missing:
+        raise DamagedLog(f"{w} names request {min(missing)}, which the requests table lacks")
+    return StepRow(step, number(row[1], f"{w} wall_time"), number(row[2], f"{w} duration_ms"),
+                   schedule, outputs, integer(row[5], f"{w} free_blocks", 0),
+                   integer(row[6], f"{w} running", 0), integer(row[7], f"{w} waiting", 0),
+                   text(row[8], f"{w} hash"))
+
+
+def _schedule(doc, where: str) -> dict:
+    mapping(doc, where, ("prefill", "decode", "preempted"))
+    rows(doc["prefill"], f"{where} prefill", (int, int, int, bool))
+    int_list(doc["decode"], f"{where} decode")
+    int_list(doc["preempted"], f"{where} preempted")
+    return doc
+
+
+def gap_message(first, last, records, reason) -> str:
+    return (f"steps {first}..{last} were not logged ({records} records dropped: {reason});"
+            " replay cannot go past them")
+
+
+def _name(rid) -> str:
+    return str(rid) if type(rid) is int else repr(rid)
