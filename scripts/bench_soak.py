@@ -118,7 +118,8 @@ def check(reqs, results, stats, ref, model) -> dict:
 def soak(n: int, seed: int, tmp: Path, num_blocks: int = 48) -> dict:
     reqs = workload(n, seed)
     g = start_group(tmp, ["--num-blocks", str(num_blocks), "--max-seqs", "32",
-                          "--max-waiting", str(n + 16)])
+                          "--max-waiting", str(n + 16),
+                          "--max-inflight-per-client", str(n + 16)])
     try:
         t0 = time.perf_counter()
         results, stats = asyncio.run(drive(g.address, reqs))
