@@ -5,7 +5,7 @@ import sys
 import zmq
 
 from core.config import add_sched_args, config_from_args
-from core.lifeline import die_with_parent, sigterm_as_interrupt
+from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
 from core.process import CoreLoop, WorkerLost
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import Mapping
 
-from core.protocol import F64, I32, I64, ForwardBatch, SamplingParams
+from core.ipc.protocol import F64, I32, I64, ForwardBatch, SamplingParams
 
 GREEDY = SamplingParams()
 

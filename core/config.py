@@ -5,7 +5,7 @@ import argparse
 from dataclasses import asdict, dataclass
 
 from core.engine import Engine
-from core.protocol import ModelInfo
+from core.ipc.protocol import ModelInfo
 from core.sched import Chunked, FreeListBlocks, SchedPolicy, Scheduler, SchedulerConfig, WholePrompt
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from core.batch import build_batch, sampled_ids
-from core.protocol import ForwardBatch, SamplingParams
+from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 

@@ -13,11 +13,11 @@ import time
 
 import zmq
 
-from core.channel import Channel
+from core.ipc.channel import Channel
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
-from core.lifeline import pid_alive
-from core.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, Hello, I32,
+from core.ipc.lifeline import pid_alive
+from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, Hello, I32,
                            ProtocolError, Rejected, StatsQuery, StepEvents,
                            StepResult, WorkerReady)
 from core.steplog import StepLog

@@ -1,8 +1,9 @@
-"""Continuous batching with priority, aging and preemption by recompute (the seed's L10.2).
+"""Continuous batching with priority, aging and preemption by recompute
+(docs/DESIGN.md#scheduler-contract).
 
-Every step `schedule` re-forms the batch in three phases (SEED-scheduler.md 2.2): decodes,
-prefills in progress, admissions; `on_step` then takes the sampled tokens. Pure Python, no
-I/O: the caller runs the model between the two calls.
+Every step `schedule` re-forms the batch in three phases (decodes, prefills in progress,
+admissions; docs/DESIGN.md#the-three-phases-of-schedule); `on_step` then takes the sampled
+tokens. Pure Python, no I/O: the caller runs the model between the two calls.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import sys
 
 import zmq
 
-from core.channel import is_loopback
-from core.protocol import DEFAULT_MAX_FRAME_BYTES
+from core.ipc.channel import is_loopback
+from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES
 from frontend.process import DEFAULT_ADDRESS, Frontend, FrontendConfig
 
 

@@ -1,7 +1,7 @@
 """Regroup one StepEvents message per request: the frontend answers each request once a step."""
 from __future__ import annotations
 
-from core.protocol import ProtocolError, StepEvents
+from core.ipc.protocol import ProtocolError, StepEvents
 
 REASONS = frozenset({"stop", "length", "abort"})
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import zmq
 
-from core.channel import Channel, Router, RouterError
-from core.lifeline import pid_alive
-from core.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
+from core.ipc.channel import Channel, Router, RouterError
+from core.ipc.lifeline import pid_alive
+from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
                            CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello, I32,
                            ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
                            Stats, StatsQuery, StatsReply, StepEvents)

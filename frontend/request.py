@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.protocol import Delta
+from core.ipc.protocol import Delta
 from frontend.detok import Decode, Detokenizer
 from frontend.stops import StopMatcher
 

@@ -1,6 +1,6 @@
 """Checks on a Generate that the protocol decoder cannot make (ranges, emptiness, lengths).
 
-Types, unknown and missing fields are the decoder's job (core.protocol.decode).
+Types, unknown and missing fields are the decoder's job (core.ipc.protocol.decode).
 Every failure is an InvalidRequest whose message and `field` name the field; the frontend
 answers it with code 400, the gateway with its own 400 (param = field). The bounds are in
 frontend/limits.py.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from core.protocol import Generate, ModelInfo
+from core.ipc.protocol import Generate, ModelInfo
 from frontend.limits import (INT32_MAX, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS, MAX_STOPS,
                              MAX_TEMPERATURE, MIN_TEMPERATURE, PRIORITY_RANGE, SEED_LIMIT)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.config import CoreConfig, log_meta
-from core.protocol import ModelInfo, SamplingParams
+from core.ipc.protocol import ModelInfo, SamplingParams
 from core.sched import AdmitError, Request
 from core.steplog import StepLog
 

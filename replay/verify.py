@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from core.batch import sampled_ids
 from core.config import engine_from_meta
 from core.engine import schedule_json
-from core.protocol import SamplingParams
+from core.ipc.protocol import SamplingParams
 from core.sched import AdmitError, Request
 from replay.logfile import LogFile, StepRow
 from replay.progress import Progress

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from scripts.grouplib import Group, start_group
+from scripts.group.harness import Group, start_group
 
 
 def verify_log(path, *extra) -> subprocess.CompletedProcess:

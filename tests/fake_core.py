@@ -24,11 +24,11 @@ from typing import Iterator
 
 import zmq
 
-from core.channel import Channel
-from core.protocol import (I32, AbortRequest, AddRequest, CoreReady, CoreStats, Drain,
+from core.ipc.channel import Channel
+from core.ipc.protocol import (I32, AbortRequest, AddRequest, CoreReady, CoreStats, Drain,
                            Hello, ModelInfo, Pong, Rejected, StatsQuery, StepEvents, decode, encode)
-from worker.tokenizer import EOS as EOS_TEXT
-from worker.tokenizer import EOS_ID, NUM_FIXED, build_tokenizer
+from worker.preset_tokenizer import EOS as EOS_TEXT
+from worker.preset_tokenizer import EOS_ID, NUM_FIXED, build_tokenizer
 
 EOS = EOS_ID
 VOCAB = NUM_FIXED  # bytes and the specials

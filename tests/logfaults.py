@@ -8,7 +8,7 @@ import time
 
 from core import logwriter
 from core.config import CoreConfig, log_meta
-from core.protocol import ModelInfo, SamplingParams
+from core.ipc.protocol import ModelInfo, SamplingParams
 from core.sched import Request
 from core.steplog import StepLog
 

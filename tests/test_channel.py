@@ -1,10 +1,10 @@
-"""core/channel.py alone: which endpoints count as local, and the hard frame cap."""
+"""core/ipc/channel.py alone: which endpoints count as local, and the hard frame cap."""
 from __future__ import annotations
 
 import pytest
 
-from core.channel import hard_frame_cap, is_loopback
-from core.protocol import DEFAULT_MAX_FRAME_BYTES
+from core.ipc.channel import hard_frame_cap, is_loopback
+from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES
 
 
 @pytest.mark.parametrize("address", [

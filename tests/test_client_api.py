@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from frontend.client import AsyncClient, Client, ClientError
-from frontend.client_base import make_generate
+from frontend.client.common import make_generate
 from tests.fake_core import REPO
 
 

@@ -9,7 +9,7 @@ import zmq
 import core.engine
 from core.config import CoreConfig
 from core.process import CoreLoop
-from core.protocol import AddRequest, I32, ModelInfo, SamplingParams
+from core.ipc.protocol import AddRequest, I32, ModelInfo, SamplingParams
 from core.sched import InvalidRequest, Request
 
 INFO = ModelInfo("m", num_blocks=64, block_size=16, max_model_len=128, vocab_size=300,

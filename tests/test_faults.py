@@ -13,7 +13,7 @@ import time
 import pytest
 
 from frontend.client import Client, ClientError
-from scripts.grouplib import start_group
+from scripts.group.harness import start_group
 from tests.conftest import verify_log
 from tests.test_group_lifecycle import wait_dead
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from core.protocol import Delta, Drain, Generate
+from core.ipc.protocol import Delta, Drain, Generate
 from frontend.client import Client, ClientError
 from tests.fake_core import REPO, FakeCore, FrontendProc, RawClient, make_byte_tokenizer, model_info
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from core.protocol import AddRequest, Hello
+from core.ipc.protocol import AddRequest, Hello
 from frontend.client import AsyncClient, ClientError
 from tests.fake_core import FakeCore, FrontendProc, make_byte_tokenizer, model_info, running_engine
 
@@ -91,7 +91,7 @@ def test_a_dead_frontend_fails_its_requests_with_503_at_once(tmp_path):
 
 
 def test_the_gateway_pool_gives_each_peer_its_own_client(engine):
-    from frontend.client_pool import ClientPool
+    from frontend.http.pool import ClientPool
 
     async def run():
         pool = ClientPool(engine.address, timeout=10, size=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from core.protocol import I32, Generate, ModelInfo, ProtocolError, StepEvents
+from core.ipc.protocol import I32, Generate, ModelInfo, ProtocolError, StepEvents
 from frontend.events import group_events
 from frontend.request import RequestState
 from frontend.salvage import peek_request_id

@@ -11,7 +11,7 @@ import gc
 import msgpack
 import pytest
 
-from core.protocol import (Abort, AddRequest, CoreStats, Delta, ErrorReply, Generate, I32,
+from core.ipc.protocol import (Abort, AddRequest, CoreStats, Delta, ErrorReply, Generate, I32,
                            Ping, Pong, Rejected, StepEvents, encode)
 from frontend.client import Client, ClientError
 from tests.fake_core import EOS, MAX_MODEL_LEN, VOCAB, RawClient, running_engine

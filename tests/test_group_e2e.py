@@ -1,5 +1,6 @@
-"""The whole process group on the tiny preset: the seed's milestone, equality with
-transformers `generate`, preemption, errors, garbage frames, finish reasons.
+"""The whole process group on the tiny preset: 64 concurrent requests complete with the KV
+pool back at baseline, equality with transformers `generate`, preemption, errors, garbage
+frames, finish reasons.
 
 One group per module (a small KV pool so that 64 requests preempt); its step log is
 verified in the fixture's teardown.

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from frontend.client import Client, ClientError
-from scripts.grouplib import start_group
+from scripts.group.harness import start_group
 
 
 def alive(pid: int) -> bool:

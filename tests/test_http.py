@@ -319,8 +319,8 @@ def serve_scripted(script, *requests) -> list:
     """Run the app in-process on a ScriptedClient; (status, body text) per request."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from frontend.http_app import Gateway, make_app
-    from frontend.http_metrics import Metrics
+    from frontend.http.app import Gateway, make_app
+    from frontend.http.metrics import Metrics
 
     async def run():
         app = make_app(Gateway(ScriptedClient(script), "m", 64, None, Metrics(), 0))
@@ -340,8 +340,8 @@ def sse_events(text: str) -> list[dict]:
 
 
 def test_engine_abort_and_mid_stream_errors_keep_openai_shapes():
-    from core.protocol import Delta
-    from frontend.client_base import ClientError
+    from core.ipc.protocol import Delta
+    from frontend.client.common import ClientError
     first = Delta("r", "hi", [1], None, [7, 8])
     plain, streamed = serve_scripted([first, Delta("r", "", [], "abort")],
                                      {"prompt": "x"}, {"prompt": "x", "stream": True})

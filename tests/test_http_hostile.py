@@ -13,9 +13,9 @@ import logging
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from core.protocol import Delta
-from frontend.http_app import Gateway, make_app
-from frontend.http_metrics import Metrics
+from core.ipc.protocol import Delta
+from frontend.http.app import Gateway, make_app
+from frontend.http.metrics import Metrics
 
 MAX_MODEL_LEN = 64
 

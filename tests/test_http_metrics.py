@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.client import Client
-from scripts.grouplib import start_group
+from scripts.group.harness import start_group
 from tests.test_http import ROOT, assert_openai_error, http
 
 GROUP_ARGS = ["--http-port", "0"]
@@ -111,7 +111,7 @@ def test_health_503_while_the_worker_is_replaced(tmp_path):
 
 
 def test_a_non_loopback_http_host_needs_allow_remote():
-    for cmd in (["scripts/serve.py", "--http-port", "0", "--http-host", "0.0.0.0", "--no-log"],
+    for cmd in (["-m", "scripts.group.supervisor", "--http-port", "0", "--http-host", "0.0.0.0", "--no-log"],
                 ["-m", "frontend.http", "--frontend", "tcp://127.0.0.1:1", "--host", "0.0.0.0"]):
         r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=60,
                            check=False, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -1,4 +1,4 @@
-"""Scheduler behaviour beyond the seed's 11 tests: chunked prefill, preempt_margin, input
+"""Scheduler behaviour beyond the 11 contract tests: chunked prefill, preempt_margin, input
 validation, abort, determinism, preempt_all, victim choice, head-of-line admission."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The seed's 11 scheduler tests (SEED-scheduler.md section 4), driven by a fake model."""
+"""The scheduler's 11 contract tests (docs/DESIGN.md#the-contract-tests), driven by a fake model."""
 from __future__ import annotations
 
 import pytest

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.bench_chaos import chaos, passed
-from scripts.bench_soak import soak
+from scripts.benchmarks.chaos import chaos, passed
+from scripts.benchmarks.soak import soak
 
 
 def check(out: dict) -> None:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from frontend.client import AsyncClient, Client, ClientError
-from scripts.grouplib import start_group
+from scripts.group.harness import start_group
 from tests.conftest import verify_log
 
 CAPS = ["--max-inflight-per-client", "20000", "--max-waiting", "20000"]

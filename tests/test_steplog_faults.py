@@ -206,10 +206,10 @@ def test_core_refuses_new_requests_and_aborts_those_in_flight(tmp_path, monkeypa
     """CoreLoop.add and CoreLoop.shed on a real CoreLoop whose engine steps offline."""
     import zmq
 
-    from core.channel import Channel
+    from core.ipc.channel import Channel
     from core.config import CoreConfig, log_meta
     from core.process import CoreLoop
-    from core.protocol import I32, AddRequest, Rejected, SamplingParams
+    from core.ipc.protocol import I32, AddRequest, Rejected, SamplingParams
     from core.steplog import StepLog
     from tests.logfaults import INFO
 

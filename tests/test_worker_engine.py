@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from core.engine import Engine
-from core.protocol import SamplingParams
+from core.ipc.protocol import SamplingParams
 from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig
 from worker.load import make_runner, resolve_model
 

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from worker import presets
 from worker.batches import generate_alone
 from worker.load import make_runner, resolve_model
-from worker.tokenizer import EOS, EOS_ID
+from worker.preset_tokenizer import EOS, EOS_ID
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ import math
 
 import torch
 
-from core.protocol import F64, I32, I64
+from core.ipc.protocol import F64, I32, I64
 from worker.batches import Part, make_batch
 from worker.load import make_runner
 from worker.null import NullRunner, null_token
 from worker.sampler import SampleParams, mix, sample
-from worker.tokenizer import EOS_ID
+from worker.preset_tokenizer import EOS_ID
 
 
 def params(n, temperature=1.0, top_p=1.0, top_k=0, seed=0, gen=None) -> SampleParams:

@@ -4,7 +4,7 @@ import sys
 
 import zmq
 
-from core.lifeline import die_with_parent, sigterm_as_interrupt
+from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
 
 
 def main(argv=None) -> int:

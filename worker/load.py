@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from core.protocol import ModelInfo
+from core.ipc.protocol import ModelInfo
 from worker.presets import PRESETS, preset_dir
 
 DTYPES = ("float32", "bfloat16")
@@ -36,7 +36,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     import torch
 
     from worker import kv
-    from worker.heap import keep_heap
+    from worker.malloc import keep_heap
     from worker.runner import ModelRunner
 
     keep_heap()

@@ -2,9 +2,9 @@
 token's position, so outputs are deterministic, cheap, and never EOS."""
 from __future__ import annotations
 
-from core.protocol import I32, ForwardBatch, ModelInfo
+from core.ipc.protocol import I32, ForwardBatch, ModelInfo
 from worker.presets import PRESETS
-from worker.tokenizer import EOS_ID
+from worker.preset_tokenizer import EOS_ID
 
 _MASK64 = (1 << 64) - 1
 

@@ -2,7 +2,7 @@
 
 Weights are drawn from a fixed seed with a large std: small random Llamas with the usual
 0.02 init repeat one token and have tiny top-1/top-2 logit gaps; the engine's equality
-tests need varied tokens and gaps far above CPU matmul noise (see DESIGN.md, Numerics).
+tests need varied tokens and gaps far above CPU matmul noise (docs/DESIGN.md#numerics).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.tokenizer import EOS_ID, save_tokenizer
+from worker.preset_tokenizer import EOS_ID, save_tokenizer
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import sys
 
 import zmq
 
-from core.channel import Channel
-from core.protocol import ForwardBatch, ProtocolError, Shutdown, StepResult, WorkerReady
+from core.ipc.channel import Channel
+from core.ipc.protocol import ForwardBatch, ProtocolError, Shutdown, StepResult, WorkerReady
 
 
 def _log(msg: str) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from core.protocol import I32, ForwardBatch, ModelInfo
+from core.ipc.protocol import I32, ForwardBatch, ModelInfo
 from worker import native
 from worker.attention import KWARG
 from worker.sampler import SampleParams, sample

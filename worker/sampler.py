@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.protocol import ForwardBatch
+from core.ipc.protocol import ForwardBatch
 from worker.step import as_tensor
 
 _MASK64 = (1 << 64) - 1

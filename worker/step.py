@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.protocol import ForwardBatch
+from core.ipc.protocol import ForwardBatch
 from worker.attention import Chunk, DecodeGroup, NativeDecode, PagedStep
 
 

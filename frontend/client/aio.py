@@ -1,0 +1,166 @@
+"""AsyncClient: the Client's API as coroutines, for many concurrent requests on one socket.
+
+One background reader task receives every reply and hands it to the queue of its request
+(or to the oldest stats() call waiting); each call awaits only its own queue.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
+from frontend.client.common import (LOST_CONNECTION, ClientError, Result, as_error, close_dealer,
+                                  decode_reply, duplicate_error, ends, make_generate,
+                                  open_dealer, settle, timeout_error)
+
+CLOSE_LINGER_MS = 250
+
+
+class AsyncClient:
+    def __init__(self, address: str, timeout: float = 60):
+        self.address, self.timeout = address, timeout
+        self._ctx = zmq.asyncio.Context()
+        self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._stats_waiters: deque[asyncio.Future] = deque()
+        self._reader: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
+        self._closed = False
+
+    @property
+    def inflight(self) -> int:
+        """Requests started on this client that have not ended yet."""
+        return len(self._queues)
+
+    async def __aenter__(self) -> "AsyncClient":
+        self._ensure_reader()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._reader, self._watcher) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for q in self._queues.values():
+            q.put_nowait(ErrorReply(None, 503, "the client is closed"))
+        for fut in self._stats_waiters:
+            if not fut.done():
+                fut.set_exception(ClientError(503, "the client is closed"))
+        close_dealer(self._sock, self._monitor)
+        self._ctx.term()
+
+    # ------------------------------------------------------------ the API
+
+    async def generate(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
+                       seed=None, stop=None, priority=0, ignore_eos=False,
+                       request_id=None) -> Result:
+        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
+                            priority, ignore_eos, request_id)
+        result = Result(msg.request_id)
+        async for d in self._stream(msg):
+            result.add(d)
+        return result
+
+    def stream(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
+               seed=None, stop=None, priority=0, ignore_eos=False,
+               request_id=None) -> AsyncIterator[Delta]:
+        """`async for d in c.stream(...)`. The request is sent when iteration starts;
+        closing or dropping the iterator before the last delta aborts it."""
+        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
+                            priority, ignore_eos, request_id)
+        return self._stream(msg)
+
+    async def abort(self, request_id: str) -> None:
+        await self._send(Abort(request_id))
+
+    async def stats(self) -> dict:
+        fut = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(fut)
+        try:
+            await self._send(Stats())
+            reply = await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except asyncio.TimeoutError:
+            raise timeout_error(self.timeout) from None
+        finally:
+            if fut in self._stats_waiters:
+                self._stats_waiters.remove(fut)
+        if isinstance(reply, ErrorReply):
+            raise as_error(reply)
+        return reply.stats
+
+    # ------------------------------------------------------------ plumbing
+
+    async def _stream(self, msg: Generate) -> AsyncIterator[Delta]:
+        rid = msg.request_id
+        if rid in self._queues:
+            raise duplicate_error(rid)
+        queue = self._queues[rid] = asyncio.Queue()
+        done = False
+        try:
+            await self._send(msg)
+            while not done:
+                item = await self._next(queue)
+                done = ends(item)
+                yield settle(item)
+        finally:
+            self._queues.pop(rid, None)
+            if not done and not self._closed:
+                await self._send(Abort(rid))
+
+    async def _next(self, queue: asyncio.Queue):
+        try:
+            return await asyncio.wait_for(queue.get(), self.timeout)
+        except asyncio.TimeoutError:
+            raise timeout_error(self.timeout) from None
+
+    async def _send(self, msg) -> None:
+        if self._closed:
+            raise ClientError(503, "the client is closed")
+        self._ensure_reader()
+        await self._sock.send(encode(msg))
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None:
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read_loop())
+            self._watcher = loop.create_task(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        """Each disconnect fails every request in flight with 503 (see open_dealer)."""
+        while True:
+            await self._monitor.recv_multipart()
+            self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
+
+    def _fail_all(self, err: ErrorReply) -> None:
+        for request_id, q in self._queues.items():
+            q.put_nowait(ErrorReply(request_id, err.code, err.message))
+        while self._stats_waiters:
+            fut = self._stats_waiters.popleft()
+            if not fut.done():
+                fut.set_result(err)
+
+    async def _read_loop(self) -> None:
+        while True:
+            self._dispatch(decode_reply(await self._sock.recv_multipart()))
+
+    def _dispatch(self, reply) -> None:
+        if isinstance(reply, (Delta, ErrorReply)) and reply.request_id in self._queues:
+            self._queues[reply.request_id].put_nowait(reply)
+        elif isinstance(reply, StatsReply) or (isinstance(reply, ErrorReply)
+                                                and reply.request_id is None):
+            while self._stats_waiters:
+                fut = self._stats_waiters.popleft()
+                if not fut.done():
+                    fut.set_result(reply)
+                    break
+        # anything else: heartbeats, replies to abandoned requests

@@ -1,0 +1,166 @@
+"""The blocking client of the engine: `Client` (AsyncClient is frontend/client/aio.py).
+
+Imports only the standard library, zmq, msgpack and core.ipc.protocol, so that a client
+program stays light. One DEALER socket per client; several requests may be in flight on
+it at once (replies are buffered per request id). A Client is not thread-safe.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Iterator
+
+import zmq
+
+from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
+from frontend.client.common import (LOST_CONNECTION, ClientError, Result, as_error, close_dealer,
+                                  decode_reply, duplicate_error, ends, make_generate,
+                                  open_dealer, settle, timeout_error)
+
+
+CLOSE_LINGER_MS = 250  # a last Abort still leaves when the client closes right after it
+
+
+class Client:
+    def __init__(self, address: str, timeout: float = 60):
+        self.address, self.timeout = address, timeout
+        self._ctx = zmq.Context()
+        self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._buffers: dict[str, deque] = {}
+        self._stats: deque = deque()
+        self._closed = False
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            close_dealer(self._sock, self._monitor)
+            self._ctx.term()
+
+    # ------------------------------------------------------------ the API
+
+    def generate(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
+                 seed=None, stop=None, priority=0, ignore_eos=False,
+                 request_id=None) -> Result:
+        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
+                            priority, ignore_eos, request_id)
+        self._start(msg)
+        result = Result(msg.request_id)
+        for d in self._deltas(msg.request_id):
+            result.add(d)
+        return result
+
+    def stream(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
+               seed=None, stop=None, priority=0, ignore_eos=False,
+               request_id=None) -> Iterator[Delta]:
+        """Deltas as they come. The request is sent when iteration starts; closing or
+        dropping the iterator before the last delta aborts it."""
+        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
+                            priority, ignore_eos, request_id)
+        return self._stream(msg)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to stop a request; its stream ends with finish_reason "abort"."""
+        self._send(Abort(request_id))
+
+    def stats(self) -> dict:
+        self._stats.clear()  # a late answer to an earlier, timed-out call
+        self._send(Stats())
+        deadline = time.monotonic() + self.timeout
+        while not self._stats:
+            self._wait(deadline)
+        reply = self._stats.popleft()
+        if isinstance(reply, ErrorReply):
+            raise as_error(reply)
+        return reply.stats
+
+    # ------------------------------------------------------------ plumbing
+
+    def _stream(self, msg: Generate) -> Iterator[Delta]:
+        self._start(msg)
+        yield from self._deltas(msg.request_id)
+
+    def _start(self, msg: Generate) -> None:
+        if msg.request_id in self._buffers:
+            raise duplicate_error(msg.request_id)
+        self._buffers[msg.request_id] = deque()
+        try:
+            self._send(msg)
+        except BaseException:
+            del self._buffers[msg.request_id]
+            raise
+
+    def _deltas(self, request_id: str) -> Iterator[Delta]:
+        """The request's deltas up to the last; aborts it if left before that."""
+        done = False
+        try:
+            while not done:
+                item = self._next(request_id)
+                done = ends(item)
+                yield settle(item)
+        finally:
+            self._buffers.pop(request_id, None)
+            if not done and not self._closed:
+                self._send(Abort(request_id))
+
+    def _next(self, request_id: str):
+        queue = self._buffers[request_id]
+        deadline = time.monotonic() + self.timeout
+        while not queue:
+            self._wait(deadline)
+        return queue.popleft()
+
+    def _wait(self, deadline: float) -> None:
+        """Read what arrives before `deadline`; ClientError(503) when nothing does."""
+        left = deadline - time.monotonic()
+        ready = dict(self._poller.poll(int(left * 1000) + 1)) if left > 0 else {}
+        if not ready:
+            raise timeout_error(self.timeout)
+        if self._monitor in ready and self._disconnected():
+            self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._dispatch(decode_reply(frames))
+
+    def _dispatch(self, reply) -> None:
+        if isinstance(reply, (Delta, ErrorReply)) and reply.request_id in self._buffers:
+            self._buffers[reply.request_id].append(reply)
+        elif isinstance(reply, StatsReply) or (isinstance(reply, ErrorReply)
+                                                and reply.request_id is None):
+            self._stats.append(reply)
+        # anything else: heartbeats, replies to abandoned requests
+
+    def _disconnected(self) -> bool:
+        """Consume the monitor's events; True if any came (each is a disconnect)."""
+        seen = False
+        while True:
+            try:
+                self._monitor.recv_multipart(zmq.NOBLOCK)
+                seen = True
+            except zmq.Again:
+                return seen
+
+    def _fail_all(self, err: ErrorReply) -> None:
+        for request_id, queue in self._buffers.items():
+            if not queue or not ends(queue[-1]):
+                queue.append(ErrorReply(request_id, err.code, err.message))
+        self._stats.append(err)
+
+    def _send(self, msg) -> None:
+        if self._closed:
+            raise ClientError(503, "the client is closed")
+        if isinstance(msg, Generate):
+            # a disconnect seen before this request was sent is not its concern
+            self._disconnected()
+        self._sock.send(encode(msg))

@@ -1,0 +1,115 @@
+"""What Client and AsyncClient share: errors, results, building requests, reading replies.
+
+Imports only the standard library, msgpack (through core.ipc.protocol) and core.ipc.protocol.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from core.ipc.protocol import (Delta, ErrorReply, Generate, Pong, ProtocolError, StatsReply,
+                           decode)
+
+REPLY_TYPES = (Delta, ErrorReply, StatsReply, Pong)
+# Replies come from the engine we asked; their size is bounded by the prompt we sent.
+MAX_REPLY_BYTES = 1 << 30
+
+
+class ClientError(Exception):
+    """An error answer from the engine, or no answer: code 400, 413, 429 or 503."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Result:
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, d: Delta) -> None:
+        self.text += d.text
+        self.token_ids.extend(d.token_ids)
+        if d.prompt_token_ids is not None:
+            self.prompt_token_ids = list(d.prompt_token_ids)
+        if d.finish_reason is not None:
+            self.finish_reason = d.finish_reason
+
+
+def make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop, priority,
+                  ignore_eos, request_id) -> Generate:
+    if isinstance(stop, str):
+        stop = [stop]
+    elif stop is not None:
+        stop = list(stop)
+    if not isinstance(prompt, str):
+        prompt = list(prompt)
+    return Generate(uuid.uuid4().hex if request_id is None else request_id, prompt,
+                    max_tokens, temperature, top_p, top_k, seed, stop, priority, ignore_eos)
+
+
+LOST_CONNECTION = ("lost the connection to the engine's frontend (it died, or dropped this "
+                   "client); the request's fate is unknown")
+
+
+def open_dealer(ctx, address: str, linger_ms: int):
+    """The client's socket and a monitor of its disconnects.
+
+    A fixed routing id lets a reconnect keep the client's identity at the frontend. The
+    monitor is how a client learns that the frontend died: its requests then fail with 503
+    at once instead of at their timeout."""
+    import zmq
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+    # Unbounded receive queue: a client busy elsewhere for a while must not stall zmq's
+    # reads (and heartbeats), or the frontend takes it for gone.
+    sock.setsockopt(zmq.RCVHWM, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(address)
+    return sock, monitor
+
+
+def close_dealer(sock, monitor) -> None:
+    sock.disable_monitor()
+    monitor.close(0)
+    sock.close()
+
+
+def decode_reply(frames: list[bytes]):
+    """The reply in `frames`, or None for a frame this client cannot read (dropped)."""
+    if len(frames) != 1:
+        return None
+    try:
+        return decode(frames[0], REPLY_TYPES, MAX_REPLY_BYTES)
+    except ProtocolError:
+        return None
+
+
+def ends(item) -> bool:
+    """True for a request's last reply: an error, or the delta with a finish reason."""
+    return isinstance(item, ErrorReply) or item.finish_reason is not None
+
+
+def settle(item) -> Delta:
+    """The delta itself, or ClientError for an error reply."""
+    if isinstance(item, ErrorReply):
+        raise as_error(item)
+    return item
+
+
+def as_error(reply: ErrorReply) -> ClientError:
+    return ClientError(reply.code, reply.message)
+
+
+def timeout_error(timeout: float) -> ClientError:
+    return ClientError(503, f"no reply from the engine within {timeout:g} s")
+
+
+def duplicate_error(request_id: str) -> ClientError:
+    return ClientError(400, f"request_id {request_id!r} is already in flight on this client")

@@ -1,0 +1,183 @@
+"""The gateway's aiohttp application: OpenAI's routes, /health and /metrics.
+
+Every handler reaches the engine through the one AsyncClient in `Gateway`; every error
+leaves in OpenAI's format ({"error": {message, type, param, code}}).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from core.ipc.lifeline import pid_alive
+from frontend.client.common import ClientError
+from frontend.http.pool import ClientPool
+from frontend.http.chat import ChatTemplate
+from frontend.http.format import ChatFormat, CompletionFormat
+from frontend.http.generate import RETRY_AFTER_S, generate
+from frontend.http.jsonbody import parse_json
+from frontend.http.metrics import Metrics
+from frontend.http.schema import (
+    PRIORITY_HEADER,
+    ApiError,
+    parse_chat,
+    parse_completion,
+    parse_priority,
+)
+
+log = logging.getLogger("http")
+
+HEALTH_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 1 << 20  # aiohttp answers a larger body with 413
+BODY_TIMEOUT_S = 10.0     # a body still incomplete after this gets 408 and the connection closes
+CLIENT_GONE = 499         # nginx's code for "the client went away first"
+
+
+@dataclass
+class Gateway:
+    """What the handlers share: one per app, never module-global."""
+    client: object           # a ClientPool (or one client-like stand-in in tests)
+    model: str               # the name /v1/models lists and replies carry
+    max_model_len: int
+    chat: ChatTemplate
+    metrics: Metrics
+    created: int
+    body_timeout: float = BODY_TIMEOUT_S
+
+    def client_for(self, request: web.Request):
+        """The client that carries this HTTP peer's requests (see ClientPool)."""
+        pool = self.client
+        return pool.member(request.remote) if isinstance(pool, ClientPool) else pool
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def make_app(gw: Gateway) -> web.Application:
+    app = web.Application(middlewares=[count_status, openai_errors],
+                          client_max_size=MAX_BODY_BYTES)
+    app[GATEWAY] = gw
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+# ------------------------------------------------------------------ middlewares
+
+
+@web.middleware
+async def count_status(request: web.Request, handler):
+    resource = request.match_info.route.resource
+    path = resource.canonical if resource is not None else "other"
+    code = 500
+    try:
+        resp = await handler(request)
+        code = resp.status
+        return resp
+    except web.HTTPException as e:
+        code = e.status
+        raise
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler of a client that disconnects, and at shutdown's end
+        code = CLIENT_GONE
+        log.info("%s %s cancelled: the client disconnected or the gateway is stopping",
+                 request.method, request.path)
+        raise
+    finally:
+        request.app[GATEWAY].metrics.observe_http(path, code)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e)
+    except ConnectionError as e:
+        # The client left mid-body or mid-stream: nobody to answer, nothing to trace.
+        # aiohttp's write of this reply fails quietly on the closing transport.
+        log.info("%s %s: the client disconnected (%s)", request.method, request.path, e)
+        return web.Response(status=CLIENT_GONE)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(ApiError(e.status, e.reason))
+    except Exception:
+        log.exception("unexpected error on %s", request.path)
+        return error_response(ApiError(500, "internal error in the gateway"))
+
+
+def error_response(e: ApiError) -> web.Response:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None
+    resp = web.json_response(e.body(), status=e.status, headers=headers)
+    if e.status == 408:  # the rest of the body may never come: do not wait for another request
+        resp.force_close()
+    return resp
+
+
+# ------------------------------------------------------------------ handlers
+
+
+async def _body(request: web.Request) -> tuple[dict, int]:
+    priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+    timeout = request.app[GATEWAY].body_timeout
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+    return parse_json(raw), priority
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    body, priority = await _body(request)
+    gen = parse_completion(body, priority, gw.max_model_len)
+    return await generate(request, gw.client_for(request), gen, CompletionFormat(gw.model),
+                          gw.metrics)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    body, priority = await _body(request)
+    # No max_tokens: run to the context limit (the engine ends such a request "length").
+    gen = parse_chat(body, priority, gw.chat.render, gw.max_model_len, gw.max_model_len)
+    return await generate(request, gw.client_for(request), gen, ChatFormat(gw.model),
+                          gw.metrics)
+
+
+async def models(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    card = {"id": gw.model, "object": "model", "created": gw.created, "owned_by": "tl-engine",
+            "max_model_len": gw.max_model_len}
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def health(request: web.Request) -> web.Response:
+    stats = await _stats(request.app[GATEWAY])
+    if stats is None:
+        raise ApiError(503, "the engine does not answer stats()")
+    dead = sorted(name for name, pid in stats.get("pids", {}).items() if not pid_alive(pid))
+    if dead:
+        raise ApiError(503, f"engine process(es) not running: {', '.join(dead)}")
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    gw.metrics.refresh(await _stats(gw), time.monotonic())
+    # aiohttp's content_type argument refuses parameters such as version=: a raw header
+    return web.Response(body=gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _stats(gw: Gateway) -> dict | None:
+    try:
+        return await asyncio.wait_for(gw.client.stats(), HEALTH_TIMEOUT_S)
+    except (TimeoutError, ClientError):
+        return None

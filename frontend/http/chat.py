@@ -1,0 +1,42 @@
+"""Chat messages -> prompt text, with the served model's own chat template.
+
+The tokenizer comes from the directory the worker reported (stats()["tokenizer"]; "null"
+reports the tiny preset's). A tokenizer without a chat template gets a built-in ChatML one
+(the presets ship a ChatML template of their own).
+"""
+from __future__ import annotations
+
+import os
+
+from frontend.http.schema import ApiError
+
+FALLBACK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class ChatTemplate:
+    def __init__(self, hf_tokenizer, builtin: bool):
+        self._hf = hf_tokenizer
+        self.builtin = builtin  # True when the tokenizer had no template of its own
+
+    @classmethod
+    def load(cls, tokenizer_dir: str) -> ChatTemplate:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from transformers import AutoTokenizer
+        hf = AutoTokenizer.from_pretrained(tokenizer_dir)
+        builtin = not getattr(hf, "chat_template", None)
+        if builtin:
+            hf.chat_template = FALLBACK_TEMPLATE
+        return cls(hf, builtin)
+
+    def render(self, messages: list[dict]) -> str:
+        from jinja2 import TemplateError
+        try:
+            return self._hf.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=True)
+        except (TemplateError, ValueError) as e:  # e.g. the template's raise_exception
+            raise ApiError(400, f"the chat template refused the messages: {e}",
+                           "messages") from None

@@ -1,0 +1,98 @@
+"""The gateway's Prometheus metrics, in a registry of its own (never the global default).
+
+Request-side metrics are observed as requests pass; engine-side ones come from one
+stats() call per scrape. tl_step_duration_seconds observes, at each scrape, the core's
+mean step time since the previous scrape (stats()["step_ms_total"] and ["steps"] deltas).
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from frontend.http.format import Tally
+
+FINISH_REASONS = ("stop", "length", "abort")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class EngineCollector(Collector):
+    """Gauges and counters read from the latest stats() snapshot (None: engine down)."""
+
+    def __init__(self):
+        self.stats: dict | None = None
+
+    def collect(self):
+        s = self.stats
+        yield _gauge("tl_engine_up", "1 when the last scrape's stats() call answered",
+                     0 if s is None else 1)
+        if s is None:
+            return
+        yield _gauge("tl_requests_running", "requests in the running batch", s["running"])
+        yield _gauge("tl_requests_waiting", "requests in the waiting queue", s["waiting"])
+        yield _gauge("tl_kv_blocks_used", "KV cache blocks in use",
+                     s["total_blocks"] - s["free_blocks"])
+        yield _gauge("tl_kv_blocks_total", "KV cache blocks in the pool", s["total_blocks"])
+        yield CounterMetricFamily("tl_preemptions", "requests preempted by the scheduler",
+                                  value=s.get("preemptions", 0))
+        yield CounterMetricFamily("tl_engine_steps", "engine steps run", value=s["steps"])
+
+
+def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.engine = EngineCollector()
+        r.register(self.engine)
+        self.http = Counter("tl_http_requests", "HTTP requests answered, by path and status",
+                            ["path", "code"], registry=r)
+        self.finished = Counter("tl_requests_finished",
+                                "generation requests finished, by the engine's finish reason",
+                                ["finish_reason"], registry=r)
+        for reason in FINISH_REASONS:
+            self.finished.labels(reason)
+        self.prompt_tokens = Counter("tl_prompt_tokens", "prompt tokens of requests served",
+                                     registry=r)
+        self.completion_tokens = Counter("tl_completion_tokens", "tokens generated",
+                                         registry=r)
+        self.ttft = Histogram("tl_time_to_first_token_seconds",
+                              "request arrival at the gateway to its first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("tl_time_per_output_token_seconds",
+                              "mean time between tokens after the first, per request",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.step = Histogram("tl_step_duration_seconds",
+                              "mean engine step time (schedule, forward, on_step) between"
+                              " two scrapes", buckets=STEP_BUCKETS, registry=r)
+        self._last_steps: tuple[float, int] | None = None  # (step_ms_total, steps)
+
+    def observe_http(self, path: str, code: int) -> None:
+        self.http.labels(path, str(code)).inc()
+
+    def observe_request(self, t: Tally) -> None:
+        """Once per generation request, when it ends (finished, failed or abandoned)."""
+        self.prompt_tokens.inc(t.prompt_tokens)
+        self.completion_tokens.inc(t.completion_tokens)
+        if t.finish_reason is not None:
+            self.finished.labels(t.finish_reason).inc()
+        if t.first_token_at is not None:
+            self.ttft.observe(t.first_token_at - t.started)
+            if t.completion_tokens > 1:
+                self.tpot.observe((t.last_token_at - t.first_token_at)
+                                  / (t.completion_tokens - 1))
+
+    def refresh(self, stats: dict | None, now: float) -> None:
+        self.engine.stats = stats
+        if stats is None:
+            return
+        last, self._last_steps = self._last_steps, (stats["step_ms_total"], stats["steps"])
+        if last is not None and stats["steps"] > last[1]:
+            ms = (stats["step_ms_total"] - last[0]) / (stats["steps"] - last[1])
+            self.step.observe(ms / 1000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

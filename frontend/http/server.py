@@ -1,0 +1,142 @@
+"""`python -m frontend.http`: the OpenAI-compatible HTTP gateway, a client of the frontend.
+
+aiohttp (not FastAPI + uvicorn): one dependency that streams, cancels a handler whose client
+disconnected and drains in-flight requests on shutdown, on the asyncio loop AsyncClient uses.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics
+(frontend/http/app.py). A body must arrive within --body-timeout seconds (408 and the
+connection closes otherwise). Prints `READY http://HOST:PORT` on stdout once the engine answers
+stats(), the chat template is loaded and the port is bound (--port 0 picks a free one).
+SIGTERM/SIGINT: stop accepting connections, let in-flight requests finish (up to
+--drain-timeout), then exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+import time
+
+from aiohttp import web
+
+from core.ipc.channel import is_loopback_host
+from core.ipc.lifeline import die_with_parent
+from frontend.client import ClientError
+from frontend.http.pool import ClientPool
+from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
+from frontend.http.chat import ChatTemplate
+from frontend.http.metrics import Metrics
+
+log = logging.getLogger("http")
+
+RETRY_S = 0.2
+REAP_S = 10.0   # how often idle per-peer clients are closed
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m frontend.http",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--frontend", required=True, help="the frontend's address (tcp://...)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow binding a non-loopback host")
+    p.add_argument("--model-name", default=None,
+                   help="the model's name in replies and /v1/models (default: serve's --model)")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may wait for the engine's next answer")
+    p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
+                   help="seconds a request's body may take to arrive (408 and close after)")
+    p.add_argument("--startup-timeout", type=float, default=120.0)
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def wait_for_engine(client: ClientPool, timeout: float) -> dict:
+    """The first stats() answer; the frontend says 503 until its core is ready."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await asyncio.wait_for(client.stats(), max(0.1, deadline - time.monotonic()))
+        except (TimeoutError, ClientError) as e:
+            if time.monotonic() >= deadline:
+                raise ClientError(503, f"the engine at {client.address} is not ready: {e}")
+        await asyncio.sleep(RETRY_S)
+
+
+async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    client = ClientPool(args.frontend, timeout=args.request_timeout)
+    try:
+        stats = await wait_for_engine(client, args.startup_timeout)
+        chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"])
+        if chat.builtin:
+            log.warning("the tokenizer has no chat template: using a built-in ChatML one")
+        gw = Gateway(client, args.model_name or stats["model"], stats["max_model_len"], chat,
+                     Metrics(), int(time.time()), args.body_timeout)
+        runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=args.drain_timeout)
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+            print(f"READY {url_of(sock)}", flush=True)
+            stopped = asyncio.ensure_future(stop.wait())
+            while not stopped.done():
+                await asyncio.wait([stopped], timeout=REAP_S)
+                await client.reap()
+            log.info("draining")
+        finally:
+            await runner.cleanup()  # stops listening, then awaits in-flight handlers
+        return 0
+    finally:
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="http %(levelname)s %(message)s")
+    if not is_loopback_host(args.host) and not args.allow_remote:
+        print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
+              file=sys.stderr)
+        return 2
+    if args.body_timeout <= 0:
+        print("http: --body-timeout must be > 0", file=sys.stderr)
+        return 2
+    die_with_parent(signal.SIGTERM)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f"http: cannot bind {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(serve(args, sock))
+    except ClientError as e:
+        print(f"http: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""`scripts/bench NAME`: one module per benchmark; `common` holds what they share."""

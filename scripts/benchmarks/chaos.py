@@ -1,0 +1,238 @@
+"""scripts/bench chaos: the soak's workload (priorities, aborts, a pool that forces
+preemption) arriving over a stretch of time, some of it over HTTP, while a driver kills
+(SIGKILL) or stops (SIGSTOP, then SIGCONT) the worker, the frontend and the gateway at
+random moments, a bounded number of times each.
+
+Checks: every request ends in exactly one final reply (tokens, an error, or the abort it
+asked for; a client's own timeout counts as lost); every greedy request that completed
+agrees with an uncontended run except at near-ties; every block comes back; the log
+verifies, with the model too. Prints the faults with their recovery times.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+
+import aiohttp
+
+from core.ipc.protocol import Delta, ErrorReply
+from frontend.client import AsyncClient, ClientError
+from frontend.client.common import ends
+from scripts.benchmarks.soak import near_tie, stock_model, uncontended, workload
+from scripts.group.harness import Group, start_group
+from scripts import ROOT
+
+TARGETS = {"worker": "-m worker", "frontend": "-m frontend ", "gateway": "-m frontend.http"}
+
+
+class CountingClient(AsyncClient):
+    """An AsyncClient that counts the final replies each request id receives."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.finals: Counter = Counter()
+
+    def _dispatch(self, reply) -> None:
+        if isinstance(reply, (Delta, ErrorReply)) and reply.request_id and ends(reply):
+            self.finals[reply.request_id] += 1
+        super()._dispatch(reply)
+
+    def _fail_all(self, err) -> None:
+        self.finals.update(self._queues.keys())
+        super()._fail_all(err)
+
+
+async def zmq_one(c: AsyncClient, r: dict):
+    await asyncio.sleep(r["at"])
+    toks, reason = [], None
+    try:
+        async for d in c.stream(r["prompt"], max_tokens=r["max_tokens"], priority=r["priority"],
+                                ignore_eos=True, request_id=r["id"]):
+            toks.extend(d.token_ids)
+            reason = d.finish_reason
+            if r["abort_after"] is not None and len(toks) >= r["abort_after"] and reason is None:
+                await c.abort(r["id"])
+    except ClientError as e:
+        return ("timeout" if "no reply" in e.message else e.code), toks
+    return reason, toks
+
+
+async def http_one(s: aiohttp.ClientSession, url: str, r: dict):
+    await asyncio.sleep(r["at"])
+    body = {"model": "tiny", "prompt": r["prompt"], "max_tokens": r["max_tokens"],
+            "temperature": 0, "ignore_eos": True}
+    try:
+        async with s.post(url + "/v1/completions", json=body,
+                          headers={"X-TL-Priority": str(r["priority"])}) as resp:
+            await resp.read()
+            return resp.status, []
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return type(e).__name__, []      # the gateway died under this connection
+
+
+async def drive(g: Group, reqs: list[dict], faults: list[dict]) -> tuple[list, Counter, dict]:
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with CountingClient(g.address, timeout=600) as c, \
+            aiohttp.ClientSession(timeout=timeout) as s:
+        jobs = [http_one(s, g.http, r) if r["http"] else zmq_one(c, r) for r in reqs]
+        driver = asyncio.create_task(inject(g, faults))
+        results = await asyncio.gather(*jobs)
+        await driver
+        stats = await settled(g)
+        await asyncio.sleep(1.0)     # a second final reply would arrive by now
+        return results, c.finals, stats
+
+
+async def settled(g: Group) -> dict:
+    async with AsyncClient(g.address, timeout=30) as c:
+        for _ in range(600):
+            st = await c.stats()
+            if st["running"] == st["waiting"] == 0:
+                break
+            await asyncio.sleep(0.1)
+    return st
+
+
+async def inject(g: Group, faults: list[dict]) -> None:
+    for f in faults:
+        await asyncio.sleep(f["after"])
+        pid = g.pid_of(TARGETS[f["target"]])
+        t0 = time.monotonic()
+        if f["kind"] == "kill":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            await asyncio.sleep(f["stop_s"])
+            os.kill(pid, signal.SIGCONT)
+        f["recovered_s"] = await recovered(g, f, pid, t0)
+
+
+async def recovered(g: Group, f: dict, pid: int, t0: float) -> float:
+    """Seconds from the fault until the target serves again (a new process if killed):
+    the gateway answers /health, the frontend stats(), the worker runs steps."""
+    while time.monotonic() - t0 < 120:
+        try:
+            if await serves(g, f["target"], pid, f["kind"] == "kill"):
+                return round(time.monotonic() - t0, 2)
+        except (ClientError, aiohttp.ClientError, asyncio.TimeoutError, LookupError):
+            pass
+        await asyncio.sleep(0.05)
+    return float("inf")
+
+
+async def serves(g: Group, target: str, old: int, killed: bool) -> bool:
+    if killed and g.pid_of(TARGETS[target]) == old:
+        return False
+    if target == "gateway":
+        async with aiohttp.ClientSession() as s, s.get(g.http + "/health") as r:
+            return r.status == 200
+    async with AsyncClient(g.address, timeout=5) as c:
+        st = await c.stats()
+        if target == "frontend":
+            return not killed or st["pids"]["frontend"] != old
+        if killed and st["pids"]["worker"] == old:
+            return False
+        r = await c.generate([1, 2, 3], max_tokens=1, priority=1000)  # ahead of the queue
+        return r.finish_reason == "length"
+
+
+def plan(n: int, seed: int, spread_s: float, n_faults: int) -> tuple[list, list]:
+    rng = random.Random(seed)
+    reqs = workload(n, seed)
+    for r in reqs:
+        r["at"] = rng.uniform(0, spread_s)
+        r["http"] = rng.random() < 0.2
+        if r["http"]:
+            r["abort_after"] = None
+    order = rng.sample(list(TARGETS), len(TARGETS))
+    # rounds: kill each target, then stop each, then kill each again, ...
+    faults = [{"target": order[i % 3], "kind": ("kill", "stop")[i // 3 % 2],
+               "stop_s": round(rng.uniform(0.5, 3), 2),
+               "after": round(rng.uniform(1, spread_s / n_faults), 2)}
+              for i in range(n_faults)]
+    return reqs, faults
+
+
+def judge(reqs, results, finals, ref, model) -> dict:
+    out = Counter()
+    bad = []
+    for r, (reason, toks) in zip(reqs, results):
+        out["http" if r["http"] else "zmq"] += 1
+        if reason in ("timeout", None) or (not r["http"] and finals[r["id"]] != 1):
+            bad.append(("lost", r["id"], reason, finals[r["id"]]))
+            continue
+        out[f"end_{reason}"] += 1
+        want = ref.get(r["id"])
+        if r["http"] or reason not in ("length", "abort"):
+            continue
+        want = want if reason == "length" else want[:len(toks)]
+        if toks != want:
+            kind = "tie" if near_tie(model, r["prompt"], toks, want) else "wrong"
+            out[kind] += 1
+            bad.append((kind, r["id"]))
+    return {**out, "lost": sum(b[0] == "lost" for b in bad),
+            "bad_examples": [b for b in bad if b[0] != "tie"][:5]}
+
+
+def verify(log, *extra) -> bool:
+    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(log)],
+                          capture_output=True, text=True).returncode == 0
+
+
+def chaos(n: int, seed: int, tmp: Path, spread_s: float = 30.0, n_faults: int = 9) -> dict:
+    reqs, faults = plan(n, seed, spread_s, n_faults)
+    g = start_group(tmp, ["--num-blocks", "48", "--max-seqs", "32", "--step-timeout", "2",
+                          "--max-restarts", str(n_faults + 3), "--max-waiting", str(n + 16),
+                          "--max-inflight-per-client", str(n + 16),
+                          "--http-port", "0"])
+    try:
+        t0 = time.perf_counter()
+        results, finals, stats = asyncio.run(drive(g, reqs, faults))
+        wall = time.perf_counter() - t0
+    finally:
+        code = g.stop()
+    zmq_reqs = [r for r in reqs if not r["http"]]
+    out = judge(reqs, results, finals, uncontended(zmq_reqs), stock_model())
+    out.update(requests=n, faults=faults, wall_s=round(wall, 1), serve_exit=code,
+               preemptions=stats["preemptions"],
+               blocks_back=stats["free_blocks"] == stats["total_blocks"],
+               log_verifies=verify(g.log), log_verifies_with_model=verify(g.log, "--with-model"))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/bench chaos")
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--faults", type=int, default=9)
+    p.add_argument("--spread", type=float, default=30.0, help="seconds over which requests arrive")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    out = chaos(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-chaos-")), a.spread, a.faults)
+    for k, v in out.items():
+        print(f"  {k:<24} {v}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2, default=str))
+    return 0 if passed(out) else 1
+
+
+def passed(out: dict) -> bool:
+    return (out["lost"] == 0 and out.get("wrong", 0) == 0
+            and out.get("tie", 0) <= out["requests"] // 200 and out["blocks_back"]
+            and out["log_verifies"] and out["log_verifies_with_model"]
+            and out["serve_exit"] == 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+#!/usr/bin/env python
+"""Where a step's time goes outside the model.
+
+    scripts/bench overhead --json overhead.json
+    scripts/bench overhead --quick            # fewer steps
+
+1. The null model (`--model null`: no compute) through the whole group at 64 and 256
+   running sequences (16-token prompts, long outputs, --max-seqs set to the count,
+   blocks for all), so that steady steps are full decode batches. The step time is the
+   mean wall-time delta between consecutive full-batch steps of the step log. It is
+   broken down into: the engine (schedule + build the ForwardBatch + on_step + state
+   hash; timed by replaying the log's steps in-process), the codec (msgpack encode and
+   decode of the step's ForwardBatch and StepResult, and the encode of its StepEvents,
+   timed in-process with core.ipc.protocol), the null worker's execute, the IPC transport
+   (the rest of the core's plan -> commit window, i.e. the log's duration_ms, by
+   subtraction) and what happens between steps (publishing the events, reading inputs).
+   Logging: the writer's work per step, timed in-process (replaying the log with a real
+   StepLog against without), and end to end (the same run with --no-log: the difference
+   in wall time per step).
+2. smol at 64 sequences: the group's step time against the worker's pure forward time on
+   the same ForwardBatches, rebuilt from the step log and re-run offline on a ModelRunner
+   (runner.execute alone): `step_over_forward_64`.
+
+Requests go through a raw DEALER socket with an unbounded receive queue (`sink`), not
+the client library: at hundreds of thousands of deltas a second an asyncio client falls
+behind, and the frontend's heartbeat then drops it (see the report of issue 6).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from scripts.benchmarks import common as bl
+
+NULL_PROMPT = 16
+WORKDIR: Path | None = None   # the runs' step logs, removed at the end unless --keep-logs
+NULL_CONTEXT = 2048   # the null model's max_model_len
+WARM_STEPS = 5        # full-batch steps skipped at the start
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/bench overhead", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="64,256", help="running sequences for the null model")
+    p.add_argument("--steps", type=int, default=1500, help="output tokens per null request")
+    p.add_argument("--smol-seqs", type=int, default=64)
+    p.add_argument("--smol-steps", type=int, default=48, help="output tokens per smol request")
+    p.add_argument("--skip-smol", action="store_true")
+    p.add_argument("--skip-null", action="store_true")
+    p.add_argument("--quick", action="store_true", help="800 null steps, 24 smol steps")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--keep-logs", action="store_true", help="keep the runs' step logs")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.steps, a.smol_steps = 800, 24
+    a.sizes = [int(s) for s in a.sizes.split(",") if s]
+    top = NULL_CONTEXT - NULL_PROMPT - 1
+    if not 50 <= a.steps <= top:
+        p.error(f"--steps must be in [50, {top}] (the null model's context)")
+    return a
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------- running a group
+
+def sink(address: str, reqs, timeout: float = 300,
+         bar: bl.Progress | None = None) -> tuple[float, int]:
+    """Send every request at once on a raw DEALER and read every reply to the end:
+    (wall seconds, output tokens). A measuring instrument, not the client library: its
+    receive queue is unbounded (RCVHWM 0), so it never falls behind at the zmq level,
+    and it does little per delta."""
+    import zmq
+
+    from core.ipc.protocol import Delta, ErrorReply, Generate, decode, encode
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        t0 = time.perf_counter()
+        for i, r in enumerate(reqs):
+            sock.send(encode(Generate(request_id=f"o{i}", prompt=r.prompt,
+                                      max_tokens=r.max_tokens, ignore_eos=True)))
+        left, tokens = len(reqs), 0
+        while left:
+            if not sock.poll(int(timeout * 1000)):
+                raise TimeoutError(f"no reply within {timeout}s; {left} requests unfinished")
+            msg = decode(sock.recv(), None, 1 << 30)
+            if isinstance(msg, ErrorReply):
+                raise RuntimeError(f"request {msg.request_id}: {msg.code} {msg.message}")
+            if isinstance(msg, Delta):
+                tokens += len(msg.token_ids)
+                if msg.finish_reason is not None:
+                    left -= 1
+                    if bar is not None:
+                        bar.tick()
+        return time.perf_counter() - t0, tokens
+    finally:
+        sock.close()
+        ctx.term()
+
+
+@dataclass
+class GroupRun:
+    log: Path | None
+    wall_s: float
+
+
+def run_group(args: list[str], reqs, log: bool, progress: bool, label: str) -> GroupRun:
+    """A group on `args`: two short warm-up requests, then `reqs` through the sink."""
+    from scripts.group.harness import start_group
+    g = start_group(Path(tempfile.mkdtemp(prefix="run-", dir=WORKDIR)), args, log=log)
+    try:
+        sink(g.address, [bl.Req(r.prompt, 4) for r in reqs[:2]])  # the first requests are slow
+        wall, tokens = sink(g.address, reqs, bar=bl.Progress(len(reqs), label, progress))
+    finally:
+        g.stop()
+    want = sum(r.max_tokens for r in reqs)
+    if tokens != want:
+        raise RuntimeError(f"got {tokens} output tokens, expected {want}")
+    return GroupRun(g.log, wall)
+
+
+def fixed_requests(n: int, prompt: int, steps: int, tokens: tuple[int, int]) -> list[bl.Req]:
+    return bl.random_workload(n, 0, (prompt, prompt), (steps, steps), tokens)
+
+
+# ---------------------------------------------------------------- reading the log
+
+def _rows(log_path) -> list:
+    from replay.logfile import LogFile
+    log = LogFile(str(log_path))
+    try:
+        return list(log.steps())
+    finally:
+        log.close()
+
+
+def full_batch(rows: list) -> int:
+    """The batch of the steady state: the largest decode-only batch size that ran for at
+    least 50 steps (or as long as any did). It is the request count when every request
+    ran together; less when some reached the engine after others had finished."""
+    from collections import Counter
+    counts = Counter(len(r.schedule["decode"]) for r in rows if not r.schedule["prefill"])
+    if not counts:
+        return 0
+    enough = min(50, max(counts.values()))
+    return max(n for n, c in counts.items() if c >= enough)
+
+
+def is_full(row, batch: int) -> bool:
+    return not row.schedule["prefill"] and len(row.schedule["decode"]) == batch
+
+
+def log_step_ms(rows: list, batch: int) -> dict:
+    """Mean wall-time delta between consecutive full-batch steps, and their duration_ms."""
+    full = [r for r in rows if is_full(r, batch)][WARM_STEPS:]
+    deltas = [(b.wall_time - a.wall_time) * 1e3 for a, b in zip(full, full[1:])
+              if b.step == a.step + 1]
+    if len(deltas) < 10:
+        raise RuntimeError(f"only {len(deltas)} consecutive full-batch steps: raise --steps")
+    return {"step_ms": _mean(deltas), "step_ms_p50": bl.percentile(deltas, 50),
+            "duration_ms": _mean(r.duration_ms for r in full), "steady_steps": len(deltas)}
+
+
+def arrival_spread(log_path) -> int:
+    """Steps between the first and the last add of the measured requests (the first two
+    adds are the warm-up)."""
+    from replay.logfile import LogFile
+    log = LogFile(str(log_path))
+    try:
+        adds = sorted(s for s, items in log.inputs.items() for k, _ in items if k == "add")
+    finally:
+        log.close()
+    return adds[-1] - adds[2] if len(adds) > 2 else 0
+
+
+# ---------------------------------------------------------------- replaying the log
+
+@dataclass
+class Replayed:
+    engine_ms: list = field(default_factory=list)      # plan + commit, full-batch steps
+    forward_ms: list = field(default_factory=list)     # runner.execute, full-batch steps
+    batch: object = None                               # one full-batch ForwardBatch
+    events: list = field(default_factory=list)         # its scheduler events
+    mismatches: int = 0                                # steps whose tokens differ from the log
+    total_s: float = 0.0                               # the whole replay, log closed
+    steps: int = 0
+
+
+def replay(log_path, batch: int, runner=None, log_to: str | None = None) -> Replayed:
+    """Re-run the log's steps in-process (as replay/verify does), timing the engine's own
+    work and, with a runner, runner.execute, on the full-batch steps. `log_to`: write a
+    new step log there as the core would (its cost lands in total_s)."""
+    from core.config import engine_from_meta
+    from core.steplog import StepLog
+    from replay.logfile import LogFile
+    from replay.verify import _apply_inputs
+
+    log = LogFile(str(log_path))
+    out = Replayed()
+    rows = list(log.steps())
+    start = time.perf_counter()
+    steplog = StepLog(log_to, log.meta) if log_to else None
+    try:
+        engine = engine_from_meta(log.meta, log=steplog)
+        for row in rows:
+            _apply_inputs(engine, log, row.step)
+            _replay_step(engine, row, runner, is_full(row, batch), out)
+        if steplog is not None:
+            steplog.close()
+    finally:
+        log.close()
+    out.total_s, out.steps = time.perf_counter() - start, len(rows)
+    out.engine_ms, out.forward_ms = out.engine_ms[WARM_STEPS:], out.forward_ms[WARM_STEPS:]
+    return out
+
+
+def _replay_step(engine, row, runner, full: bool, out: Replayed) -> None:
+    logged = [tok for _, tok, _ in row.outputs]
+    t0 = time.perf_counter()
+    fb = engine.plan()
+    t1 = time.perf_counter()
+    if runner is not None and fb.num_seqs:
+        tokens = list(runner.execute(fb))
+        out.mismatches += tokens != logged
+    t2 = time.perf_counter()
+    events = engine.commit(logged)
+    t3 = time.perf_counter()
+    if full:
+        out.engine_ms.append(((t1 - t0) + (t3 - t2)) * 1e3)
+        if runner is not None:
+            out.forward_ms.append((t2 - t1) * 1e3)
+        if out.batch is None and len(out.engine_ms) > WARM_STEPS:
+            out.batch, out.events = fb, events
+
+
+# ---------------------------------------------------------------- in-process costs
+
+def _timed_ms(fn, reps: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def step_events(events: list):
+    """The StepEvents the core publishes for a step's scheduler events (rid = id here)."""
+    from core.ipc.protocol import I32, StepEvents
+    from core.sched import Finished, TokenEvent
+    rids, toks, fin = I32(), I32(), []
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            rids.append(ev.id)
+            toks.append(ev.token)
+        elif isinstance(ev, Finished):
+            fin.append([ev.id, ev.reason.value])
+    return StepEvents(rids=rids, tokens=toks, finished=fin)
+
+
+def codec_ms(fb, events: list, reps: int = 200) -> dict:
+    """msgpack costs of one step's messages, timed in this process."""
+    from core.ipc.protocol import ForwardBatch, I32, StepEvents, StepResult, decode, encode
+    res = StepResult(step=fb.step, tokens=I32([1] * len(fb.sample_rows)))
+    ev = step_events(events)
+    b_fb, b_sr, b_ev = encode(fb), encode(res), encode(ev)
+    lim = 1 << 30
+    return {"forward_batch_bytes": len(b_fb), "step_events_bytes": len(b_ev),
+            "forward_batch_encode": _timed_ms(lambda: encode(fb), reps),
+            "forward_batch_decode": _timed_ms(lambda: decode(b_fb, (ForwardBatch,), lim), reps),
+            "step_result_encode": _timed_ms(lambda: encode(res), reps),
+            "step_result_decode": _timed_ms(lambda: decode(b_sr, (StepResult,), lim), reps),
+            "step_events_encode": _timed_ms(lambda: encode(ev), reps),
+            "step_events_decode": _timed_ms(lambda: decode(b_ev, (StepEvents,), lim), reps)}
+
+
+def null_execute_ms(fb, reps: int = 200) -> float:
+    from worker.null import NullRunner
+    r = NullRunner()
+    return _timed_ms(lambda: r.execute(fb), reps)
+
+
+def logging_inproc_ms(log_path, batch: int, bare: Replayed) -> float:
+    """Per step: replaying the log while writing a new step log, minus replaying it bare
+    (the writer thread's work and the loop's appends, run to completion)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        logged = replay(log_path, batch, log_to=str(Path(tmp) / "steps.db"))
+    return (logged.total_s - bare.total_s) * 1e3 / max(1, bare.steps)
+
+
+# ---------------------------------------------------------------- 1. null model
+
+def null_case(a, size: int, tokens) -> dict:
+    reqs = fixed_requests(size, NULL_PROMPT, a.steps, tokens)
+    blocks = size * (math.ceil((NULL_PROMPT + a.steps + 1) / 16) + 1)
+    args = ["--model", "null", "--max-seqs", str(size), "--num-blocks", str(blocks),
+            "--max-batch-tokens", str(max(2048, size))]
+    _say(f"== null model, {size} sequences, {a.steps} steps (step log on)")
+    on = run_group(args, reqs, True, a.progress, f"null x{size}")
+    _say(f"== null model, {size} sequences (--no-log)")
+    off = run_group(args, reqs, False, a.progress, f"null x{size} no-log")
+    rows = _rows(on.log)
+    batch = full_batch(rows)
+    fig = log_step_ms(rows, batch)
+    replay(on.log, batch)  # a first pass warms up
+    rep = replay(on.log, batch)
+    engine, codec = _mean(rep.engine_ms), codec_ms(rep.batch, rep.events)
+    wire = sum(codec[k] for k in ("forward_batch_encode", "forward_batch_decode",
+                                  "step_result_encode", "step_result_decode"))
+    null_ms = null_execute_ms(rep.batch)
+    return {"step_ms": fig["step_ms"], "step_ms_p50": fig["step_ms_p50"],
+            "batch": batch, "full_batch": batch == size, "steady_steps": fig["steady_steps"],
+            "arrival_spread_steps": arrival_spread(on.log),
+            "log_duration_ms": fig["duration_ms"],
+            "engine_ms_p50": bl.percentile(rep.engine_ms, 50),
+            "parts_ms": {"engine": engine, "codec_core_worker": wire,
+                         "null_execute": null_ms,
+                         "ipc_transport": fig["duration_ms"] - engine - wire - null_ms,
+                         "between_steps": fig["step_ms"] - fig["duration_ms"],
+                         "step_events_encode": codec["step_events_encode"]},
+            "logging_inproc_ms": logging_inproc_ms(on.log, batch, rep),
+            "logging_e2e_ms": (on.wall_s - off.wall_s) * 1e3 / max(1, len(rows)),
+            "wall_s_log": on.wall_s, "wall_s_no_log": off.wall_s,
+            "codec_ms": codec, "serve_args": args}
+
+
+# ---------------------------------------------------------------- 2. smol
+
+def smol_case(a, tokens) -> dict:
+    from replay.logfile import LogFile
+    from worker.load import make_runner
+
+    n = a.smol_seqs
+    reqs = fixed_requests(n, 32, a.smol_steps, tokens)
+    blocks = n * (math.ceil((32 + a.smol_steps + 1) / 16) + 1)
+    args = ["--model", "smol", "--max-seqs", str(n), "--num-blocks", str(blocks)]
+    _say(f"== smol, {n} sequences, {a.smol_steps} steps")
+    run = run_group(args, reqs, True, a.progress, f"smol x{n}")
+    rows = _rows(run.log)
+    batch = full_batch(rows)
+    fig = log_step_ms(rows, batch)
+    meta = LogFile(str(run.log)).meta
+    _say("== smol: the same batches offline on a ModelRunner")
+    runner = make_runner("smol", dtype=meta["dtype"], num_blocks=meta["num_blocks"],
+                         block_size=meta["block_size"],
+                         max_model_len=meta["model_info"]["max_model_len"])
+    rep = replay(run.log, batch, runner)
+    fwd = _mean(rep.forward_ms)
+    return {"step_ms": fig["step_ms"], "log_duration_ms": fig["duration_ms"],
+            "forward_ms": fwd, "engine_ms": _mean(rep.engine_ms),
+            "step_over_forward": fig["step_ms"] / fwd if fwd else float("nan"),
+            "batch": batch, "full_batch": batch == n, "steady_steps": fig["steady_steps"],
+            "token_mismatch_steps": rep.mismatches, "serve_args": args}
+
+
+# ---------------------------------------------------------------- report
+
+def _f(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def null_table(size: str, b: dict) -> str:
+    p, step = b["parts_ms"], b["step_ms"]
+    share = lambda x: f"{100 * x / step:.0f}%" if step and not math.isnan(x) else ""  # noqa: E731
+    rows = [("step (wall-time delta)", _f(step), "100%")]
+    for label, key in (("engine: schedule, batch, on_step, hash", "engine"),
+                       ("codec: ForwardBatch + StepResult", "codec_core_worker"),
+                       ("worker: null execute", "null_execute"),
+                       ("IPC transport (by subtraction)", "ipc_transport"),
+                       ("between steps: publish, inputs", "between_steps"),
+                       ("  of which StepEvents encode", "step_events_encode")):
+        rows.append((label, _f(p[key]), share(p[key])))
+    rows.append(("logging: writer work (in-process)", _f(b["logging_inproc_ms"]),
+                 share(b["logging_inproc_ms"])))
+    rows.append(("logging: log on - off (end to end)", _f(b["logging_e2e_ms"]),
+                 share(b["logging_e2e_ms"])))
+    title = f"null model, {b['batch']} running" + ("" if b["full_batch"] else f" (of {size})")
+    return bl.table(rows, (title, "ms/step", "share"))
+
+
+def smol_table(s: dict) -> str:
+    return bl.table([("group step (wall-time delta)", _f(s["step_ms"])),
+                     ("runner.execute alone (same batches)", _f(s["forward_ms"])),
+                     ("engine work (replayed)", _f(s["engine_ms"])),
+                     ("step / forward", _f(s["step_over_forward"]))],
+                    (f"smol, {s['batch']} running", "ms"))
+
+
+def report(doc: dict) -> str:
+    parts = [f"  null x{k}: error {b['error']}" if "error" in b else null_table(k, b)
+             for k, b in doc["null"].items()]
+    s = doc.get("smol")
+    if s:
+        parts.append(f"  smol: error {s['error']}" if "error" in s else smol_table(s))
+    m = doc["machine"]
+    parts.append(f"  {m['cores']} cores, load {m['load_avg_1m']:.1f}, {m['date']}")
+    return "\n\n".join(parts)
+
+
+def guarded(fn, *args) -> dict:
+    try:
+        return fn(*args)
+    except Exception as e:  # report it and go on
+        import traceback
+        traceback.print_exc()
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def main(argv=None) -> int:
+    global WORKDIR
+    a = parse(argv)
+    WORKDIR = Path(tempfile.mkdtemp(prefix="tl-bench-overhead-"))
+    try:
+        doc = measure(a)
+    finally:
+        if not a.keep_logs:
+            import shutil
+            shutil.rmtree(WORKDIR, ignore_errors=True)
+    doc["logs"] = str(WORKDIR) if a.keep_logs else None
+    print(report(doc))
+    if a.json:
+        bl.write_json(a.json, doc)
+    failed = [v for v in [*doc["null"].values(), doc.get("smol") or {}] if "error" in v]
+    return 1 if failed else 0
+
+
+def measure(a) -> dict:
+    doc: dict = {"null": {}, "null_steps": a.steps, "smol_steps": a.smol_steps}
+    if not a.skip_null:
+        facts = bl.model_facts("null")
+        tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
+        for size in a.sizes:
+            doc["null"][str(size)] = b = guarded(null_case, a, size, tokens)
+            doc[f"step_ms_null_{size}"] = b.get("step_ms")
+    if not a.skip_smol:
+        facts = bl.model_facts("smol")
+        tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
+        doc["smol"] = s = guarded(smol_case, a, tokens)
+        doc[f"step_over_forward_{a.smol_seqs}"] = s.get("step_over_forward")
+    doc["machine"] = bl.machine()
+    return doc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

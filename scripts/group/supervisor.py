@@ -1,0 +1,277 @@
+"""scripts/serve: start worker, core and frontend as one group and watch over them.
+
+Prints `ready ADDRESS` once all three are up (worker -> core -> frontend handshake).
+With --http-port, the OpenAI-compatible gateway (python -m frontend.http) is a fourth
+process, started once the frontend is ready; `ready` waits for it too and is followed by
+`http http://HOST:PORT`.
+A dead worker, frontend or gateway is restarted (at most --max-restarts times each within
+--restart-window) while the others run on; a dead core, or a process out of restarts,
+stops the group and serve exits non-zero naming it.
+SIGINT/SIGTERM: the gateway drains first (in-flight HTTP requests finish), then the
+frontend (new requests get 503, running ones finish up to --drain-timeout), then core and
+worker are stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+
+from core.ipc.channel import is_loopback
+from core.config import add_sched_args
+from scripts import ROOT
+
+FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
+                        # (it checks the core's pid every 0.25 s)
+SCHED_FLAGS = ("max_seqs", "max_batch_tokens", "max_waiting", "policy", "aging_steps",
+               "max_model_len", "preempt_margin", "prefill", "max_chunk", "seed", "step_timeout")
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="tiny", help="tiny | smol | null | a local HF directory")
+    p.add_argument("--address", default="tcp://127.0.0.1:7600")
+    p.add_argument("--allow-remote", action="store_true")
+    p.add_argument("--log", default=None, help="step log file (default runs/<time>.db)")
+    p.add_argument("--no-log", action="store_true")
+    p.add_argument("--log-errors", choices=["stop", "serve"], default="stop",
+                   help="when the log cannot be written: refuse new requests, or serve on")
+    p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--kv-memory", type=int, default=None, help="KV cache bytes")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--max-frame-bytes", type=int, default=1 << 20)
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="restarts of each of the worker, frontend and gateway allowed within"
+                        " --restart-window before giving up")
+    p.add_argument("--max-inflight-per-client", type=int, default=1024,
+                   help="unfinished requests one client may have (more get 429)")
+    p.add_argument("--restart-window", type=float, default=300.0)
+    p.add_argument("--http-port", type=int, default=None,
+                   help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
+    p.add_argument("--http-host", default="127.0.0.1")
+    add_sched_args(p)
+    return p.parse_args(argv)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list[str]]:
+    ep = {k: f"ipc://{ipc}/{k}" for k in ("fe_in", "fe_out", "wk_in", "wk_out")}
+    py = [sys.executable, "-m"]
+    sched = [x for k in SCHED_FLAGS if getattr(a, k) is not None
+             for x in (_flag(k), str(getattr(a, k)))]
+    core = py + ["core", "--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"],
+                 "--worker-in", ep["wk_in"], "--worker-out", ep["wk_out"]] + sched
+    if log:
+        core += ["--log", log, "--log-errors", a.log_errors]
+    worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
+                   "--model", a.model, "--device", a.device, "--dtype", a.dtype,
+                   "--block-size", str(a.block_size)]
+    for k in ("num_blocks", "kv_memory", "max_model_len"):
+        if getattr(a, k) is not None:
+            worker += [_flag(k), str(getattr(a, k))]
+    frontend = py + ["frontend", "--address", a.address, "--core-in", ep["fe_in"],
+                     "--core-out", ep["fe_out"], "--max-frame-bytes", str(a.max_frame_bytes),
+                     "--drain-timeout", str(a.drain_timeout),
+                     "--max-inflight-per-client", str(a.max_inflight_per_client)]
+    if a.allow_remote:
+        frontend.append("--allow-remote")
+    return {"core": core, "worker": worker, "frontend": frontend}
+
+
+def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "frontend.http", "--frontend", frontend_addr,
+           "--host", a.http_host, "--port", str(port),
+           "--drain-timeout", str(a.drain_timeout)]
+    return cmd + (["--allow-remote"] if a.allow_remote else [])
+
+
+def tcp_address(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def default_log() -> str:
+    runs = ROOT / "runs"
+    runs.mkdir(exist_ok=True)
+    return str(runs / time.strftime(f"%Y%m%d-%H%M%S-{os.getpid()}.db"))
+
+
+class Group:
+    def __init__(self, cmds: dict[str, list[str]]):
+        self.cmds = cmds
+        self.procs: dict[str, subprocess.Popen] = {}
+        for name in ("core", "worker", "frontend"):
+            self.spawn(name)
+
+    def spawn(self, name: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        out = subprocess.PIPE if name in ("frontend", "http") else None
+        # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
+        # drains the group in order; PDEATHSIG still ends them if serve dies.
+        self.procs[name] = subprocess.Popen(self.cmds[name], env=env, stdout=out, cwd=ROOT,
+                                            process_group=0)
+
+    def dead(self) -> tuple[str, int] | None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                return name, p.returncode
+        return None
+
+    def wait_ready(self, timeout: float, name: str = "frontend") -> str | None:
+        """`name`'s bound address once it prints READY; None if a process died."""
+        sel = selectors.DefaultSelector()
+        out = self.procs[name].stdout
+        sel.register(out, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sel.select(0.2):
+                line = out.readline().decode(errors="replace").strip()
+                if line.startswith("READY "):
+                    threading.Thread(target=self._forward, args=(out,), daemon=True).start()
+                    return line.split(" ", 1)[1]
+                if line:
+                    print(line, flush=True)
+            if self.dead():
+                return None
+        return None
+
+    @staticmethod
+    def _forward(out) -> None:
+        for line in out:
+            sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+
+    def terminate(self, names) -> None:
+        for name in names:
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    def stop(self, names=("http", "frontend", "core", "worker"), grace: float = 5.0) -> None:
+        names = [n for n in names if n in self.procs]
+        self.terminate(names)
+        deadline = time.monotonic() + grace
+        for name in names:
+            p = self.procs[name]
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    http = [] if a.http_port is None else [tcp_address(a.http_host, a.http_port)]
+    for addr in [a.address, *http]:
+        if not is_loopback(addr) and not a.allow_remote:
+            print(f"serve: {addr} is not a loopback address; pass --allow-remote to bind it",
+                  file=sys.stderr)
+            return 2
+    log = None if a.no_log else (a.log or default_log())
+    ipc = tempfile.mkdtemp(prefix="tl-")
+    stop = {"sig": None}
+    signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
+    signal.signal(signal.SIGINT, lambda s, f: stop.update(sig=s))
+    group = Group(commands(a, ipc, log))
+    try:
+        return supervise(group, a, log, stop)
+    finally:
+        group.stop()
+        shutil.rmtree(ipc, ignore_errors=True)
+
+
+RESTARTABLE = ("worker", "frontend", "http")
+
+
+def supervise(group: Group, a, log, stop) -> int:
+    addr = group.wait_ready(a.startup_timeout)
+    if addr is None:
+        return report_death(group, "before ready")
+    # a restarted frontend binds the address the first one got (--address may say port 0)
+    group.cmds["frontend"][group.cmds["frontend"].index("--address") + 1] = addr
+    http = None
+    if a.http_port is not None:
+        group.cmds["http"] = http_command(a, addr, a.http_port)
+        group.spawn("http")
+        http = group.wait_ready(a.startup_timeout, "http")
+        if http is None:
+            return report_death(group, "before ready")
+        group.cmds["http"] = http_command(a, addr, urlsplit(http).port)
+    print(f"ready {addr}", flush=True)
+    if http:
+        print(f"http {http}", flush=True)
+    if log:
+        print(f"log {log}", flush=True)
+    restarts: dict[str, list[float]] = {name: [] for name in RESTARTABLE}
+    while stop["sig"] is None:
+        dead = group.dead()
+        if dead and dead[0] in RESTARTABLE and may_restart(restarts[dead[0]], a, dead[0]):
+            if not restart(group, a, *dead, len(restarts[dead[0]])):
+                return report_death(group, "while restarting")
+        elif dead:
+            return report_death(group, "")
+        time.sleep(0.05)
+    print("serve: draining", file=sys.stderr, flush=True)
+    group.stop(("http",), grace=a.drain_timeout + 10)
+    group.stop(("frontend",), grace=a.drain_timeout + 10)
+    group.stop(("core", "worker"))
+    return 0
+
+
+def restart(group: Group, a, name: str, code: int, n: int) -> bool:
+    """Start `name` again; the frontend and gateway are waited for (False: they failed)."""
+    print(f"serve: {name} exited with code {code}; starting a new one "
+          f"({n}/{a.max_restarts} in {a.restart_window:.0f}s)", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    group.spawn(name)
+    if name == "worker":  # the core waits for its WorkerReady itself
+        return True
+    if group.wait_ready(a.startup_timeout, name) is None:
+        return False
+    print(f"serve: {name} is back after {time.monotonic() - t0:.2f}s", file=sys.stderr,
+          flush=True)
+    return True
+
+
+def may_restart(restarts: list[float], a, name: str) -> bool:
+    now = time.monotonic()
+    restarts[:] = [t for t in restarts if now - t < a.restart_window]
+    if len(restarts) >= a.max_restarts:
+        print(f"serve: the {name} died {len(restarts) + 1} times within "
+              f"{a.restart_window:.0f}s; giving up", file=sys.stderr, flush=True)
+        return False
+    restarts.append(now)
+    return True
+
+
+def report_death(group: Group, when: str) -> int:
+    dead = group.dead()
+    what = f"{dead[0]} exited with code {dead[1]}" if dead else "start-up timed out"
+    print(f"serve: {what} {when}; stopping the group".replace("  ", " "), file=sys.stderr,
+          flush=True)
+    if dead and dead[0] in ("core", "worker"):
+        # the frontend answers 503 to every request in flight once the core is gone
+        group.terminate(("core", "worker"))  # they exit while the frontend answers
+        time.sleep(FRONTEND_GRACE_S)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
