@@ -14,6 +14,7 @@ import sys
 import zmq
 
 from core.ipc.channel import is_loopback
+from core.ipc.lifeline import die_with_parent
 from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES
 from frontend.process import DEFAULT_ADDRESS, Frontend, FrontendConfig
 
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print("frontend: --max-frame-bytes and --max-inflight-per-client must be >= 1 and"
               " --drain-timeout >= 0", file=sys.stderr)
         return 2
+    die_with_parent()   # a frontend whose supervisor is gone must not hold its address
     try:
         fe = Frontend(FrontendConfig(args.core_in, args.core_out, args.address,
                                      args.max_frame_bytes, args.drain_timeout,
