@@ -50,6 +50,21 @@ def run_concurrently(address: str, reqs: list[dict], started: threading.Event,
     return threads, results
 
 
+def kill_mid_run(g, victim: str, reqs: list[dict]) -> tuple[dict, list, float]:
+    """kill -9 `victim` once every request streams; (pids before, results, seconds from
+    the kill until every request ended)."""
+    with Client(g.address, timeout=30) as c:
+        pids = c.stats()["pids"]
+    started = threading.Event()
+    threads, results = run_concurrently(g.address, reqs, started, timeout=60)
+    assert started.wait(60)
+    t0 = time.monotonic()
+    os.kill(pids[victim], signal.SIGKILL)
+    for t in threads:
+        t.join(30)
+    return pids, results, time.monotonic() - t0
+
+
 def reference(address: str) -> list[list[int]]:
     with Client(address, timeout=120) as c:
         return [c.generate(**r).token_ids for r in REQS]
@@ -116,16 +131,7 @@ def test_restarts_exhausted_gives_503_and_exits_non_zero(tmp_path):
 def test_core_death_503s_within_2s_and_the_log_verifies(tmp_path):
     g = start_group(tmp_path, [])
     try:
-        with Client(g.address, timeout=30) as c:
-            pids = c.stats()["pids"]
-        started = threading.Event()
-        threads, results = run_concurrently(g.address, REQS, started)
-        assert started.wait(60)
-        t0 = time.monotonic()
-        os.kill(pids["core"], signal.SIGKILL)
-        for t in threads:
-            t.join(30)
-        took = time.monotonic() - t0
+        pids, results, took = kill_mid_run(g, "core", REQS)
         code = g.proc.wait(30)
     finally:
         g.stop()
@@ -146,16 +152,7 @@ def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
     and the core aborts the dead frontend's requests (logged)."""
     g = start_group(tmp_path, [])
     try:
-        with Client(g.address, timeout=30) as c:
-            pids = c.stats()["pids"]
-        started = threading.Event()
-        threads, results = run_concurrently(g.address, REQS[:2], started, timeout=60)
-        assert started.wait(60)
-        t0 = time.monotonic()
-        os.kill(pids["frontend"], signal.SIGKILL)
-        for t in threads:
-            t.join(30)
-        took = time.monotonic() - t0
+        pids, results, took = kill_mid_run(g, "frontend", REQS[:2])
         assert all(isinstance(r, ClientError) and r.code == 503 for r in results), results
         assert took < 10, took  # the aim is 2 s; here it is the clients' disconnect event
         with Client(g.address, timeout=60) as c:

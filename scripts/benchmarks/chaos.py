@@ -10,13 +10,10 @@ verifies, with the model too. Prints the faults with their recovery times.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +26,9 @@ import aiohttp
 from core.ipc.protocol import Delta, ErrorReply
 from frontend.client import AsyncClient, ClientError
 from frontend.client.common import ends
-from scripts.benchmarks.soak import near_tie, stock_model, uncontended, workload
+from scripts.benchmarks.soak import (arguments, near_tie, one, report, stock_model, uncontended,
+                                      verify, workload)
 from scripts.group.harness import Group, start_group
-from scripts import ROOT
 
 TARGETS = {"worker": "-m worker", "frontend": "-m frontend ", "gateway": "-m frontend.http"}
 
@@ -55,17 +52,10 @@ class CountingClient(AsyncClient):
 
 async def zmq_one(c: AsyncClient, r: dict):
     await asyncio.sleep(r["at"])
-    toks, reason = [], None
     try:
-        async for d in c.stream(r["prompt"], max_tokens=r["max_tokens"], priority=r["priority"],
-                                ignore_eos=True, request_id=r["id"]):
-            toks.extend(d.token_ids)
-            reason = d.finish_reason
-            if r["abort_after"] is not None and len(toks) >= r["abort_after"] and reason is None:
-                await c.abort(r["id"])
+        return await one(c, r)
     except ClientError as e:
-        return ("timeout" if "no reply" in e.message else e.code), toks
-    return reason, toks
+        return ("timeout" if "no reply" in e.message else e.code), []
 
 
 async def http_one(s: aiohttp.ClientSession, url: str, r: dict):
@@ -185,11 +175,6 @@ def judge(reqs, results, finals, ref, model) -> dict:
             "bad_examples": [b for b in bad if b[0] != "tie"][:5]}
 
 
-def verify(log, *extra) -> bool:
-    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(log)],
-                          capture_output=True, text=True).returncode == 0
-
-
 def chaos(n: int, seed: int, tmp: Path, spread_s: float = 30.0, n_faults: int = 9) -> dict:
     reqs, faults = plan(n, seed, spread_s, n_faults)
     g = start_group(tmp, ["--num-blocks", "48", "--max-seqs", "32", "--step-timeout", "2",
@@ -212,19 +197,12 @@ def chaos(n: int, seed: int, tmp: Path, spread_s: float = 30.0, n_faults: int = 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/bench chaos")
-    p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p = arguments("scripts/bench chaos")
     p.add_argument("--faults", type=int, default=9)
     p.add_argument("--spread", type=float, default=30.0, help="seconds over which requests arrive")
-    p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     out = chaos(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-chaos-")), a.spread, a.faults)
-    for k, v in out.items():
-        print(f"  {k:<24} {v}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2, default=str))
-    return 0 if passed(out) else 1
+    return report(out, a.json, passed(out))
 
 
 def passed(out: dict) -> bool:

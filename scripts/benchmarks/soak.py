@@ -21,7 +21,6 @@ from pathlib import Path
 
 from frontend.client import AsyncClient
 from scripts.group.harness import start_group
-from scripts import ROOT
 
 
 def workload(n: int, seed: int) -> list[dict]:
@@ -126,28 +125,41 @@ def soak(n: int, seed: int, tmp: Path, num_blocks: int = 48) -> dict:
     finally:
         code = g.stop()
     out = check(reqs, results, stats, uncontended(reqs), stock_model())
-    v = subprocess.run([sys.executable, "-m", "replay", "verify", str(g.log)],
-                       capture_output=True, text=True)
-    out.update(wall_s=wall, serve_exit=code, log=str(g.log), log_verifies=v.returncode == 0,
+    out.update(wall_s=wall, serve_exit=code, log=str(g.log), log_verifies=verify(g.log),
                steps=stats["steps"])
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/bench soak")
+def verify(log, *extra) -> bool:
+    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(log)],
+                          capture_output=True, text=True).returncode == 0
+
+
+def arguments(prog: str) -> argparse.ArgumentParser:
+    """What soak and chaos take alike."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-blocks", type=int, default=48)
     p.add_argument("--json", default=None)
+    return p
+
+
+def report(out: dict, json_path: str | None, good: bool) -> int:
+    for k, v in out.items():
+        print(f"  {k:<24} {v}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2, default=str))
+    return 0 if good else 1
+
+
+def main(argv=None) -> int:
+    p = arguments("scripts/bench soak")
+    p.add_argument("--num-blocks", type=int, default=48)
     a = p.parse_args(argv)
     out = soak(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-soak-")), a.num_blocks)
-    for k, v in out.items():
-        print(f"  {k:<14} {v}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2))
     good = (out["lost"] == out["wrong"] == 0 and out["ties"] <= out["requests"] // 200
             and out["blocks_back"] and out["log_verifies"])
-    return 0 if good else 1
+    return report(out, a.json, good)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 
@@ -127,14 +126,16 @@ class Group:
         self.procs[name] = subprocess.Popen(self.cmds[name], env=env, stdout=out, cwd=ROOT,
                                             process_group=0)
 
-    def dead(self) -> tuple[str, int] | None:
+    def dead(self, ignore: tuple[str, ...] = ()) -> tuple[str, int] | None:
         for name, p in self.procs.items():
-            if p.poll() is not None:
+            if name not in ignore and p.poll() is not None:
                 return name, p.returncode
         return None
 
-    def wait_ready(self, timeout: float, name: str = "frontend") -> str | None:
-        """`name`'s bound address once it prints READY; None if a process died."""
+    def wait_ready(self, timeout: float, name: str = "frontend",
+                   tolerate: tuple[str, ...] = ()) -> str | None:
+        """`name`'s bound address once it prints READY; None if a process not in
+        `tolerate` died meanwhile."""
         sel = selectors.DefaultSelector()
         out = self.procs[name].stdout
         sel.register(out, selectors.EVENT_READ)
@@ -147,7 +148,7 @@ class Group:
                     return line.split(" ", 1)[1]
                 if line:
                     print(line, flush=True)
-            if self.dead():
+            if self.dead(ignore=tolerate):
                 return None
         return None
 
@@ -243,7 +244,8 @@ def restart(group: Group, a, name: str, code: int, n: int) -> bool:
     group.spawn(name)
     if name == "worker":  # the core waits for its WorkerReady itself
         return True
-    if group.wait_ready(a.startup_timeout, name) is None:
+    # a worker that dies meanwhile is restarted once this one is back (the core waits)
+    if group.wait_ready(a.startup_timeout, name, tolerate=("worker",)) is None:
         return False
     print(f"serve: {name} is back after {time.monotonic() - t0:.2f}s", file=sys.stderr,
           flush=True)
