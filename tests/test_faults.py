@@ -65,6 +65,22 @@ def kill_mid_run(g, victim: str, reqs: list[dict]) -> tuple[dict, list, float]:
     return pids, results, time.monotonic() - t0
 
 
+def wait_new_frontend(address: str, old: int, timeout: float = 120) -> dict:
+    """The group's pids once a frontend other than `old` answers (503s meanwhile are what
+    a client sees while it restarts)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with Client(address, timeout=10) as c:
+                pids = c.stats()["pids"]
+            if pids["frontend"] != old:
+                return pids
+        except ClientError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def reference(address: str) -> list[list[int]]:
     with Client(address, timeout=120) as c:
         return [c.generate(**r).token_ids for r in REQS]
@@ -155,9 +171,9 @@ def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
         pids, results, took = kill_mid_run(g, "frontend", REQS[:2])
         assert all(isinstance(r, ClientError) and r.code == 503 for r in results), results
         assert took < 10, took  # the aim is 2 s; here it is the clients' disconnect event
+        after = wait_new_frontend(g.address, pids["frontend"])
         with Client(g.address, timeout=60) as c:
             assert c.generate([5, 6, 7], max_tokens=4).finish_reason == "length"
-            after = c.stats()["pids"]
         assert after["frontend"] != pids["frontend"]
         assert (after["core"], after["worker"]) == (pids["core"], pids["worker"])
         assert g.alive()
