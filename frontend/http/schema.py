@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from frontend.limits import PRIORITY_RANGE
+from frontend.limits import MAX_PRIORITY
 from frontend.validate import InvalidRequest, check_fields
 
 PRIORITY_HEADER = "X-TL-Priority"
@@ -66,7 +66,7 @@ class GenRequest:
 def parse_priority(value: str | None) -> int:
     if value is None:
         return 0
-    lo, hi = PRIORITY_RANGE
+    lo, hi = -MAX_PRIORITY, MAX_PRIORITY
     text = value.strip()
     if not _INT.fullmatch(text) or not lo <= int(text) <= hi:
         raise ApiError(400, f"{PRIORITY_HEADER} must be an integer in [{lo}, {hi}], "
