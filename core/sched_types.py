@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 RequestId = int
-MAX_PRIORITY = 1000  # priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]
+# Priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]: by the scheduler, and before it
+# by the frontend and the gateway (frontend/limits.py). Keep this module import-light.
+MAX_PRIORITY = 1000
 
 
 class SchedPolicy(Enum):

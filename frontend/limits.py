@@ -1,5 +1,5 @@
 """The bounds a request's values must keep, shared by the frontend's checks (validate.py)
-and the gateway's (http_schema.py), so that both answer the same 400.
+and the gateway's (frontend/http/schema.py), so that both answer the same 400.
 
 Every bound keeps a value inside the wire type that carries it further (int32 arrays for
 top_k, int64 for seeds and the step log's integers) and inside what sampling can use;
@@ -7,9 +7,10 @@ the model's own bounds (max_model_len, vocab_size) come from its ModelInfo.
 """
 from __future__ import annotations
 
+from core.sched_types import MAX_PRIORITY  # noqa: F401  priority in [-MAX_PRIORITY, MAX_PRIORITY]
+
 INT32_MAX = 2 ** 31 - 1          # top_k travels as int32 (core/batch.py)
 SEED_LIMIT = 2 ** 63             # seeds travel as int64; [0, 2**63)
-PRIORITY_RANGE = (-1000, 1000)
 # Below MIN_TEMPERATURE, float32 logits / temperature can overflow to inf and sampling
 # returns garbage instead of the greedy token; above MAX_TEMPERATURE sampling is uniform
 # for any realistic logits, so larger values mean nothing more.

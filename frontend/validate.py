@@ -11,8 +11,8 @@ import math
 from typing import Sequence
 
 from core.ipc.protocol import Generate, ModelInfo
-from frontend.limits import (INT32_MAX, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS, MAX_STOPS,
-                             MAX_TEMPERATURE, MIN_TEMPERATURE, PRIORITY_RANGE, SEED_LIMIT)
+from frontend.limits import (INT32_MAX, MAX_PRIORITY, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS,
+                             MAX_STOPS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_LIMIT)
 
 
 class InvalidRequest(ValueError):
@@ -44,7 +44,7 @@ def check_fields(req, max_model_len: int | None = None, vocab_size: int | None =
     if not 0 < req.top_p <= 1:  # NaN fails too
         raise InvalidRequest(f"top_p must be in (0, 1], got {req.top_p}", "top_p")
     _int_in("top_k", req.top_k, 0, INT32_MAX if vocab_size is None else vocab_size)
-    _int_in("priority", req.priority, *PRIORITY_RANGE)
+    _int_in("priority", req.priority, -MAX_PRIORITY, MAX_PRIORITY)
     if req.seed is not None:
         _int_in("seed", req.seed, 0, SEED_LIMIT - 1)
     if req.stop is not None:

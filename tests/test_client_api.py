@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import subprocess
 import sys
 
@@ -29,6 +30,69 @@ def test_unknown_keyword_is_type_error(tmp_path):
     with pytest.raises(TypeError):
         ac.stream("x", bogus=1)
     asyncio.run(ac.close())
+
+
+PUBLIC_PARAMS = {"prompt": inspect.Parameter.empty, "max_tokens": 16, "temperature": 0.0,
+                 "top_p": 1.0, "top_k": 0, "seed": None, "stop": None, "priority": 0,
+                 "ignore_eos": False, "request_id": None}
+REQUEST_METHODS = [Client.generate, Client.stream, AsyncClient.generate, AsyncClient.stream]
+
+
+@pytest.mark.parametrize("method", REQUEST_METHODS, ids=lambda m: m.__qualname__)
+def test_request_methods_show_the_pinned_signature(method):
+    params = list(inspect.signature(method).parameters.values())
+    assert params[0].name == "self"
+    assert {p.name: p.default for p in params[1:]} == PUBLIC_PARAMS
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    assert method.__name__ in ("generate", "stream")
+    assert inspect.iscoroutinefunction(method) == (method is AsyncClient.generate)
+
+
+def test_request_methods_take_the_pinned_arguments(tmp_path, monkeypatch):
+    """Positions, keywords and defaults reach the Generate as the signature says; an unknown
+    keyword is a TypeError, for all four methods."""
+    sent = []
+
+    def record(self, msg):
+        sent.append(msg)
+        return iter(())
+
+    async def record_async(self, msg):
+        sent.append(msg)
+        return
+        yield
+
+    monkeypatch.setattr(Client, "_start", record)
+    monkeypatch.setattr(Client, "_deltas", lambda self, request_id: iter(()))
+    monkeypatch.setattr(Client, "_stream", record)
+    monkeypatch.setattr(AsyncClient, "_stream", record_async)
+    addr = f"ipc://{tmp_path}/none"
+    with Client(addr, timeout=0.1) as c:
+        list(c.stream("a", 3, 0.5, top_k=2, request_id="s"))
+        c.generate([1, 2], stop="x", priority=-4)
+        for method in (c.generate, c.stream):
+            with pytest.raises(TypeError):
+                method("x", bogus=1)
+            with pytest.raises(TypeError):
+                method()
+
+    async def main():
+        async with AsyncClient(addr, timeout=0.1) as ac:
+            await ac.generate("b", 5, seed=7, ignore_eos=True)
+            [d async for d in ac.stream(prompt="c")]
+            with pytest.raises(TypeError):
+                await ac.generate("x", bogus=1)
+            with pytest.raises(TypeError):
+                ac.stream("x", bogus=1)
+
+    asyncio.run(main())
+    got = [(g.prompt, g.max_tokens, g.temperature, g.top_k, g.seed, g.stop, g.priority,
+            g.ignore_eos) for g in sent]
+    assert got == [("a", 3, 0.5, 2, None, None, 0, False),
+                   ([1, 2], 16, 0.0, 0, None, ["x"], -4, False),
+                   ("b", 5, 0.0, 0, 7, None, 0, True),
+                   ("c", 16, 0.0, 0, None, None, 0, False)]
+    assert sent[0].request_id == "s" and len(sent[1].request_id) == 32
 
 
 def test_make_generate_normalizes():

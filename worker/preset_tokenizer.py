@@ -5,15 +5,12 @@ from __future__ import annotations
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from tokenizers.pre_tokenizers import ByteLevel
 
+from core.chatml import CHATML_TEMPLATE
+
 EOS = "<|endoftext|>"
 SPECIALS = (EOS, "<|im_start|>", "<|im_end|>")
 EOS_ID = 256  # the first special, right after the 256 bytes
 NUM_FIXED = 256 + len(SPECIALS)
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def _byte_chars() -> dict[int, str]:
@@ -50,5 +47,5 @@ def save_tokenizer(vocab_size: int, path: str) -> None:
 
     hf = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(vocab_size), eos_token=EOS,
                                  pad_token=EOS, bos_token=None)
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = CHATML_TEMPLATE
     hf.save_pretrained(path)

@@ -14,8 +14,8 @@ import zmq.asyncio
 
 from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.client.common import (LOST_CONNECTION, ClientError, Result, as_error, close_dealer,
-                                  decode_reply, duplicate_error, ends, make_generate,
-                                  open_dealer, settle, timeout_error)
+                                    decode_reply, duplicate_error, ends, open_dealer, settle,
+                                    takes_request, timeout_error)
 
 CLOSE_LINGER_MS = 250
 
@@ -61,23 +61,17 @@ class AsyncClient:
 
     # ------------------------------------------------------------ the API
 
-    async def generate(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
-                       seed=None, stop=None, priority=0, ignore_eos=False,
-                       request_id=None) -> Result:
-        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
-                            priority, ignore_eos, request_id)
+    @takes_request
+    async def generate(self, msg: Generate) -> Result:
         result = Result(msg.request_id)
         async for d in self._stream(msg):
             result.add(d)
         return result
 
-    def stream(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
-               seed=None, stop=None, priority=0, ignore_eos=False,
-               request_id=None) -> AsyncIterator[Delta]:
+    @takes_request
+    def stream(self, msg: Generate) -> AsyncIterator[Delta]:
         """`async for d in c.stream(...)`. The request is sent when iteration starts;
         closing or dropping the iterator before the last delta aborts it."""
-        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
-                            priority, ignore_eos, request_id)
         return self._stream(msg)
 
     async def abort(self, request_id: str) -> None:

@@ -14,8 +14,8 @@ import zmq
 
 from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.client.common import (LOST_CONNECTION, ClientError, Result, as_error, close_dealer,
-                                  decode_reply, duplicate_error, ends, make_generate,
-                                  open_dealer, settle, timeout_error)
+                                    decode_reply, duplicate_error, ends, open_dealer, settle,
+                                    takes_request, timeout_error)
 
 
 CLOSE_LINGER_MS = 250  # a last Abort still leaves when the client closes right after it
@@ -47,24 +47,18 @@ class Client:
 
     # ------------------------------------------------------------ the API
 
-    def generate(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
-                 seed=None, stop=None, priority=0, ignore_eos=False,
-                 request_id=None) -> Result:
-        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
-                            priority, ignore_eos, request_id)
+    @takes_request
+    def generate(self, msg: Generate) -> Result:
         self._start(msg)
         result = Result(msg.request_id)
         for d in self._deltas(msg.request_id):
             result.add(d)
         return result
 
-    def stream(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
-               seed=None, stop=None, priority=0, ignore_eos=False,
-               request_id=None) -> Iterator[Delta]:
+    @takes_request
+    def stream(self, msg: Generate) -> Iterator[Delta]:
         """Deltas as they come. The request is sent when iteration starts; closing or
         dropping the iterator before the last delta aborts it."""
-        msg = make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
-                            priority, ignore_eos, request_id)
         return self._stream(msg)
 
     def abort(self, request_id: str) -> None:

@@ -4,6 +4,8 @@ Imports only the standard library, msgpack (through core.ipc.protocol) and core.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import uuid
 from dataclasses import dataclass, field
 
@@ -41,8 +43,10 @@ class Result:
             self.finish_reason = d.finish_reason
 
 
-def make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop, priority,
-                  ignore_eos, request_id) -> Generate:
+def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                  stop=None, priority=0, ignore_eos=False, request_id=None) -> Generate:
+    """The request a generate() or stream() call asks for. Its parameters are the one
+    definition of those methods' parameters (see takes_request)."""
     if isinstance(stop, str):
         stop = [stop]
     elif stop is not None:
@@ -51,6 +55,26 @@ def make_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop, pri
         prompt = list(prompt)
     return Generate(uuid.uuid4().hex if request_id is None else request_id, prompt,
                     max_tokens, temperature, top_p, top_k, seed, stop, priority, ignore_eos)
+
+
+def takes_request(method):
+    """`method(self, msg: Generate)` as the public `method(self, prompt, max_tokens=16, ...)`:
+    the call's arguments are make_generate's (same positions, defaults and TypeError for an
+    unknown keyword), turned into the Generate `method` receives; inspect.signature and
+    help() show them. A coroutine method stays one (its arguments are then read when the
+    coroutine first runs)."""
+    if inspect.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def public(self, *args, **kwargs):
+            return await method(self, make_generate(*args, **kwargs))
+    else:
+        @functools.wraps(method)
+        def public(self, *args, **kwargs):
+            return method(self, make_generate(*args, **kwargs))
+    own = inspect.signature(method)
+    public.__signature__ = own.replace(parameters=[
+        next(iter(own.parameters.values())), *inspect.signature(make_generate).parameters.values()])
+    return public
 
 
 LOST_CONNECTION = ("lost the connection to the engine's frontend (it died, or dropped this "

@@ -2,18 +2,14 @@
 
 The tokenizer comes from the directory the worker reported (stats()["tokenizer"]; "null"
 reports the tiny preset's). A tokenizer without a chat template gets a built-in ChatML one
-(the presets ship a ChatML template of their own).
+(core/chatml.py: the presets ship the same one).
 """
 from __future__ import annotations
 
 import os
 
+from core.chatml import CHATML_TEMPLATE
 from frontend.http.schema import ApiError
-
-FALLBACK_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 class ChatTemplate:
@@ -29,7 +25,7 @@ class ChatTemplate:
         hf = AutoTokenizer.from_pretrained(tokenizer_dir)
         builtin = not getattr(hf, "chat_template", None)
         if builtin:
-            hf.chat_template = FALLBACK_TEMPLATE
+            hf.chat_template = CHATML_TEMPLATE
         return cls(hf, builtin)
 
     def render(self, messages: list[dict]) -> str:

@@ -1,4 +1,5 @@
-"""The gateway's request bodies: OpenAI's JSON in, one GenRequest out, or an ApiError.
+"""The gateway's request bodies: OpenAI's JSON in, one GenRequest (the Client's Generate and
+how to answer it) out, or an ApiError.
 
 Types are checked here (OpenAI's 400 for a wrong type), and value ranges with the
 frontend's own checks (frontend/validate.py): the same bounds and messages, with
@@ -17,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from frontend.limits import PRIORITY_RANGE
+from core.ipc.protocol import Generate
+from frontend.client.common import make_generate
+from frontend.limits import MAX_PRIORITY
 from frontend.validate import InvalidRequest, check_fields
 
 PRIORITY_HEADER = "X-TL-Priority"
@@ -45,28 +48,21 @@ class ApiError(Exception):
 
 @dataclass
 class GenRequest:
-    """What the gateway asks of AsyncClient.stream; `stream` is how it answers."""
-    prompt: str | list[int]
-    max_tokens: int
-    temperature: float = 1.0  # OpenAI's default (the Client's is 0.0)
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] | None = None
-    priority: int = 0
-    ignore_eos: bool = False
+    """A parsed body: the engine's request as the Client builds it (make_generate, so the
+    same Generate and the same request_id default) and how the gateway answers it."""
+    msg: Generate
     stream: bool = False
 
     def client_kwargs(self) -> dict:
-        kw = asdict(self)
-        del kw["stream"]
-        return kw
+        """`msg` as the arguments of AsyncClient.stream (make_generate's parameters are
+        Generate's fields)."""
+        return asdict(self.msg)
 
 
 def parse_priority(value: str | None) -> int:
     if value is None:
         return 0
-    lo, hi = PRIORITY_RANGE
+    lo, hi = -MAX_PRIORITY, MAX_PRIORITY
     text = value.strip()
     if not _INT.fullmatch(text) or not lo <= int(text) <= hi:
         raise ApiError(400, f"{PRIORITY_HEADER} must be an integer in [{lo}, {hi}], "
@@ -92,7 +88,7 @@ def parse_chat(body: dict, priority: int, render: Callable[[list], str],
 
 def _in_range(gen: GenRequest, max_model_len: int | None) -> GenRequest:
     try:
-        check_fields(gen, max_model_len)
+        check_fields(gen.msg, max_model_len)
     except InvalidRequest as e:
         raise ApiError(400, str(e), e.field) from None
     return gen
@@ -107,15 +103,16 @@ def _common(body: dict, prompt, priority: int, max_tokens: int) -> GenRequest:
     n = _field(body, "n", _is_int, "an integer", 1)
     if n != 1:
         raise ApiError(400, f"only n=1 is supported, got {n}", "n")
-    return GenRequest(
-        prompt=prompt, max_tokens=max_tokens, priority=priority,
+    # every field given: OpenAI's defaults (temperature 1.0) are not the Client's
+    msg = make_generate(
+        prompt, max_tokens=max_tokens, priority=priority,
         temperature=float(_field(body, "temperature", _is_num, "a number", 1.0)),
         top_p=float(_field(body, "top_p", _is_num, "a number", 1.0)),
         top_k=_field(body, "top_k", _is_int, "an integer", 0),
         seed=_field(body, "seed", _is_int, "an integer", None),
         stop=_stop(body.get("stop")),
-        ignore_eos=_field(body, "ignore_eos", _is_bool, "a boolean", False),
-        stream=_field(body, "stream", _is_bool, "a boolean", False))
+        ignore_eos=_field(body, "ignore_eos", _is_bool, "a boolean", False))
+    return GenRequest(msg, stream=_field(body, "stream", _is_bool, "a boolean", False))
 
 
 def _field(body: dict, name: str, ok: Callable[[Any], bool], what: str, default):
