@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from worker import native
-from worker.batches import Part, make_batch
+from worker.handmade import Part, make_batch
 from worker.load import make_runner
 from worker.step import build_step
 

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from worker.batches import Part, blocks_needed, make_batch
+from worker.handmade import Part, blocks_needed, make_batch
 from worker.load import make_runner, resolve_model
 
 

@@ -1,4 +1,4 @@
-"""ForwardBatches without a scheduler, for worker tests and benchmarks.
+"""ForwardBatches made by hand, without a scheduler, for worker tests and benchmarks.
 
 The layout follows core.batch: one-token decodes first, then prefill chunks;
 slot = block_id * block_size + offset; tables padded with 0 to the widest.
