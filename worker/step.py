@@ -108,8 +108,14 @@ def _chunk(begin: int, end: int, context: int, table: torch.Tensor, block_size: 
     causal when the chunk is the whole context, else a mask offset by the prefix."""
     start = context - (end - begin)
     pos = torch.arange(context)
-    slots = table[pos // block_size] * block_size + pos % block_size
+    kv_slots = seq_slots(table, pos, block_size).to(device)
     if start == 0:
-        return Chunk(begin, end, slots.to(device), None)
+        return Chunk(begin, end, kv_slots, None)
     mask = pos[None, :] <= torch.arange(start, context)[:, None]
-    return Chunk(begin, end, slots.to(device), mask.view(1, 1, *mask.shape).to(device))
+    return Chunk(begin, end, kv_slots, mask.view(1, 1, *mask.shape).to(device))
+
+
+def seq_slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The KV slots of positions of one sequence with block table `table`: the formula of
+    core.batch.slots (docs/DESIGN.md, "Paged KV layout") on tensors."""
+    return table[positions // block_size] * block_size + positions % block_size
