@@ -1,4 +1,4 @@
-"""The ForwardBatch layout (no torch here): `pack` lays out any sequences; `build_batch`
+"""The ForwardBatch layout (no torch here): `layout` lays out any sequences; `build_batch`
 feeds it one ScheduleOutput, worker/handmade.py hand-made parts.
 
 Built column by column with comprehensions and one array conversion per field: this is
@@ -22,10 +22,10 @@ def slots(tables: Sequence[Sequence[int]], positions: Sequence[int], block_size:
     return [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)]
 
 
-def pack(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
-         tables: Sequence[Sequence[int]], num_decode: int, spans: Sequence[tuple[int, int]],
-         rows: Sequence[int], params: Sequence[SamplingParams],
-         gen_index: Sequence[int]) -> ForwardBatch:
+def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
+           tables: Sequence[Sequence[int]], num_decode: int, spans: Sequence[tuple[int, int]],
+           rows: Sequence[int], params: Sequence[SamplingParams],
+           gen_index: Sequence[int]) -> ForwardBatch:
     """Sequence i has tokens[i] and block table tables[i]. The first num_decode query one
     token, their last (position len - 1); each later one queries positions [start, end) of
     spans[i - num_decode] and has `end` tokens in cache afterwards. Sample row j is
@@ -72,7 +72,7 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams]) -
     rows = list(range(n_dec)) + [n_dec + i for i, ch in enumerate(out.prefill) if ch.last]
     sample_ids = [seq_ids[r] for r in rows]
     prompt_len = sched.prompt_len
-    return pack(step, sched.blocks.block_tokens(), seq_ids, toks, [table(r) for r in seq_ids],
+    return layout(step, sched.blocks.block_tokens(), seq_ids, toks, [table(r) for r in seq_ids],
                 n_dec, [(ch.start, ch.start + ch.length) for ch in out.prefill], rows,
                 [sampling.get(r, GREEDY) for r in sample_ids],
                 [len(toks[r]) - prompt_len(i) for r, i in zip(rows, sample_ids)])

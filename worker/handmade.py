@@ -1,11 +1,11 @@
 """ForwardBatches made by hand, without a scheduler, for worker tests and benchmarks: the
-layout is core.batch.pack's, each Part a sequence in the given order."""
+layout is core.batch.layout's, each Part a sequence in the given order."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from core.batch import GREEDY, pack
+from core.batch import GREEDY, layout
 from core.ipc.protocol import ForwardBatch, SamplingParams
 
 
@@ -24,9 +24,9 @@ class Part:
 def make_batch(parts: Sequence[Part], block_size: int, step: int = 0) -> ForwardBatch:
     """Sequence i is parts[i] (seq_ids 0, 1, ...); a part with `sample` is sampled."""
     rows = [i for i, p in enumerate(parts) if p.sample]
-    return pack(step, block_size, range(len(parts)), [p.tokens for p in parts],
-                [p.table for p in parts], 0, [(p.start, p.start + p.length) for p in parts],
-                rows, [parts[i].params for i in rows], [parts[i].gen_index for i in rows])
+    return layout(step, block_size, range(len(parts)), [p.tokens for p in parts],
+                  [p.table for p in parts], 0, [(p.start, p.start + p.length) for p in parts],
+                  rows, [parts[i].params for i in rows], [parts[i].gen_index for i in rows])
 
 
 def blocks_needed(tokens: int, block_size: int) -> int:
