@@ -36,13 +36,9 @@ class CoreConfig:
                                aging_steps=self.aging_steps, max_model_len=limit,
                                preempt_margin=self.preempt_margin)
 
-    def prefill_policy(self):
-        return Chunked(self.max_chunk) if self.prefill == "chunked" else WholePrompt()
-
     def make_engine(self, info: ModelInfo, log=None) -> Engine:
-        blocks = FreeListBlocks(info.block_size, range(info.num_blocks))
-        sched = Scheduler(self.sched_config(info), blocks, self.prefill_policy())
-        return Engine(sched, eos_ids=info.eos_ids, seed=self.seed, log=log)
+        return build_engine(self.sched_config(info), self.prefill, self.max_chunk,
+                            info.block_size, info.num_blocks, info.eos_ids, self.seed, log=log)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -112,8 +108,15 @@ def engine_from_meta(meta: dict, runner=None, log=None) -> Engine:
     sc = dict(meta["sched_config"])
     sc["policy"] = SchedPolicy[sc["policy"]]
     pf = meta["prefill"]
-    policy = Chunked(pf["max_chunk"]) if pf["kind"] == "chunked" else WholePrompt()
-    blocks = FreeListBlocks(meta["block_size"], range(meta["num_blocks"]))
-    sched = Scheduler(SchedulerConfig(**sc), blocks, policy)
-    return Engine(sched, runner, eos_ids=meta["model_info"]["eos_ids"], seed=meta["seed"],
-                  log=log)
+    return build_engine(SchedulerConfig(**sc), pf["kind"], pf["max_chunk"], meta["block_size"],
+                        meta["num_blocks"], meta["model_info"]["eos_ids"], meta["seed"],
+                        runner, log)
+
+
+def build_engine(sched_config: SchedulerConfig, prefill: str, max_chunk: int, block_size: int,
+                 num_blocks: int, eos_ids, seed: int, runner=None, log=None) -> Engine:
+    """The engine of CoreConfig.make_engine and engine_from_meta: `prefill` is "chunked"
+    (chunks of at most max_chunk tokens) or "whole"; block ids 0..num_blocks-1."""
+    policy = Chunked(max_chunk) if prefill == "chunked" else WholePrompt()
+    sched = Scheduler(sched_config, FreeListBlocks(block_size, range(num_blocks)), policy)
+    return Engine(sched, runner, eos_ids=eos_ids, seed=seed, log=log)

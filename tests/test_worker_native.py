@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from worker import native
-from worker.batches import Part, make_batch
+from worker.handmade import Part, make_batch
 from worker.load import make_runner
-from worker.step import build_step
+from worker.step import build_step, seq_slots
 
 from tests.checkpoints import make_checkpoint
 from tests.test_worker_engine import alone, prompts, stock_greedy
@@ -27,7 +27,7 @@ def reference(q, k, v, tables, ctx):
     out = torch.empty(n, heads, dim, dtype=torch.float64)
     for i in range(n):
         pos = torch.arange(int(ctx[i]))
-        rows = tables[i][pos // bs] * bs + pos % bs
+        rows = seq_slots(tables[i], pos, bs)
         ki = k.reshape(-1, kv_heads, dim)[rows].double()          # [ctx, KVH, D]
         vi = v.reshape(-1, kv_heads, dim)[rows].double()
         kh = ki.repeat_interleave(heads // kv_heads, dim=1)      # head h uses KV head h // rep

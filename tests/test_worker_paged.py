@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from transformers.masking_utils import create_causal_mask
 
 from worker.attention import NAME
-from worker.batches import Part, make_batch
+from worker.handmade import Part, make_batch
 from worker.load import make_runner, resolve_model
 
 TOL = 1e-4  # fp32; the model's own eager-vs-sdpa noise is ~2e-5

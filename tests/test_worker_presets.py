@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from worker import presets
-from worker.batches import generate_alone
+from worker.handmade import generate_alone
 from worker.load import make_runner, resolve_model
 from worker.preset_tokenizer import EOS, EOS_ID
 

@@ -6,7 +6,7 @@ import math
 import torch
 
 from core.ipc.protocol import F64, I32, I64
-from worker.batches import Part, make_batch
+from worker.handmade import Part, make_batch
 from worker.load import make_runner
 from worker.null import NullRunner, null_token
 from worker.sampler import SampleParams, mix, sample

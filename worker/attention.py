@@ -4,10 +4,11 @@ The model runs all sequences of a step flattened as one row of T tokens. Every l
 attention call writes the step's K/V into the paged cache at the slot mapping, then
 attends from the cache: the leading run of one-token sequences (decodes) through the C
 kernel of worker/native.py where it is built (CPU fp32), else gathered into a few masked
-SDPA calls; each longer chunk alone with a causal mask offset by its cached prefix.
+SDPA calls; each later sequence (a PrefillSpan) alone with a causal mask offset by its
+cached prefix.
 
 GQA never expands the cache: for decodes the query heads sharing a KV head are folded into
-the query length (query head h = kv_head * rep + r, transformers' layout); chunks use SDPA's
+the query length (query head h = kv_head * rep + r, transformers' layout); spans use SDPA's
 enable_gqa. Every SDPA call is 4-D: on CPU a 3-D call falls back to the math kernel (2.6x
 slower on a 512-token chunk of smol).
 
@@ -30,8 +31,9 @@ KWARG = "tl_paged"  # the model(...) keyword that carries the PagedStep to every
 
 
 @dataclass
-class Chunk:
-    """A sequence after the leading one-token run: tokens [begin, end) of the step."""
+class PrefillSpan:
+    """A sequence after the leading one-token run (a prefill chunk of the scheduler's, or a
+    one-token sequence after one), attended alone: tokens [begin, end) of the step."""
     begin: int
     end: int
     slots: torch.Tensor        # [context] cache slots of positions 0..context-1
@@ -60,7 +62,7 @@ class PagedStep:
     slot_mapping: torch.Tensor   # [T] long, where each query token's K/V go
     num_decode: int              # the first num_decode tokens are one-token sequences
     decode_groups: list[DecodeGroup]
-    chunks: list[Chunk]
+    spans: list[PrefillSpan]
     native: NativeDecode | None = None   # set: decodes take the C kernel, not the groups
 
 
@@ -81,8 +83,8 @@ def paged_attention(module, query, key, value, attention_mask=None, scaling=None
     out = query.new_empty(tokens, heads, dim)
     if nd:
         out[:nd] = _decode(q[:, :nd], cache, step, rep, scaling)
-    for c in step.chunks:
-        out[c.begin:c.end] = _chunk(q[:, c.begin:c.end], flat, c, rep, scaling)
+    for s in step.spans:
+        out[s.begin:s.end] = _span(q[:, s.begin:s.end], flat, s, rep, scaling)
     return out.unsqueeze(0), None
 
 
@@ -117,12 +119,12 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     return blocks.view(n, width * block, kv_heads, dim).transpose(1, 2)
 
 
-def _chunk(q, flat, c: Chunk, rep: int, scaling) -> torch.Tensor:
+def _span(q, flat, s: PrefillSpan, rep: int, scaling) -> torch.Tensor:
     """q [H, m, D] for one sequence's m query tokens -> [m, H, D]."""
-    k = flat[0].index_select(0, c.slots).transpose(0, 1)        # [KVH, ctx, D]
-    v = flat[1].index_select(0, c.slots).transpose(0, 1)
-    o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=c.mask,
-                                       is_causal=c.mask is None, scale=scaling,
+    k = flat[0].index_select(0, s.slots).transpose(0, 1)        # [KVH, ctx, D]
+    v = flat[1].index_select(0, s.slots).transpose(0, 1)
+    o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=s.mask,
+                                       is_causal=s.mask is None, scale=scaling,
                                        enable_gqa=rep > 1)
     return o[0].transpose(0, 1)
 

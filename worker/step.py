@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from core.ipc.protocol import ForwardBatch
-from worker.attention import Chunk, DecodeGroup, NativeDecode, PagedStep
+from worker.attention import DecodeGroup, NativeDecode, PagedStep, PrefillSpan
 
 
 @dataclass
@@ -46,11 +46,11 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False) 
 
     fast = nd > 0 and use_native
     groups = [] if fast else decode_groups(ctx[:nd], tables[:nd], block_size, device)
-    chunks = [_chunk(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, device)
-              for i in range(nd, batch.num_seqs)]
+    spans = [_span(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, device)
+             for i in range(nd, batch.num_seqs)]
     keep = qs[1:][_long(batch.sample_rows)] - 1
     paged = PagedStep(kv=kv, slot_mapping=slots.to(device), num_decode=nd,
-                      decode_groups=groups, chunks=chunks,
+                      decode_groups=groups, spans=spans,
                       native=NativeDecode(tables[:nd].contiguous(), ctx[:nd].contiguous())
                       if fast else None)
     return StepInputs(input_ids=_long(batch.input_ids).view(1, -1).to(device),
@@ -102,14 +102,20 @@ def _group(rows, ctx, tables, width: int, block_size: int, device) -> DecodeGrou
                        mask=mask.view(len(c), 1, 1, -1).to(device))
 
 
-def _chunk(begin: int, end: int, context: int, table: torch.Tensor, block_size: int,
-           device) -> Chunk:
+def _span(begin: int, end: int, context: int, table: torch.Tensor, block_size: int,
+          device) -> PrefillSpan:
     """Query token i sits at position start + i and sees positions <= start + i: plain
-    causal when the chunk is the whole context, else a mask offset by the prefix."""
+    causal when the span is the whole context, else a mask offset by the prefix."""
     start = context - (end - begin)
     pos = torch.arange(context)
-    slots = table[pos // block_size] * block_size + pos % block_size
+    kv_slots = seq_slots(table, pos, block_size).to(device)
     if start == 0:
-        return Chunk(begin, end, slots.to(device), None)
+        return PrefillSpan(begin, end, kv_slots, None)
     mask = pos[None, :] <= torch.arange(start, context)[:, None]
-    return Chunk(begin, end, slots.to(device), mask.view(1, 1, *mask.shape).to(device))
+    return PrefillSpan(begin, end, kv_slots, mask.view(1, 1, *mask.shape).to(device))
+
+
+def seq_slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The KV slots of positions of one sequence with block table `table`: the formula of
+    core.batch.slots (docs/DESIGN.md, "Paged KV layout") on tensors."""
+    return table[positions // block_size] * block_size + positions % block_size

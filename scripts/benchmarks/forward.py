@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import sys
 import time
 
 
 import torch
 
-from worker.batches import Part, blocks_needed, make_batch
+from worker.handmade import Part, blocks_needed, make_batch
 from worker.load import make_runner, resolve_model
 
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env python
 """Scheduler hot path: mean schedule() + on_step() time per step with 256 running decodes,
-once with 10 and once with 10,000 waiting requests (which must not slow a step down)."""
+once with 10 and once with 10,000 waiting requests (which must not slow a step down); and,
+in runs of their own, build_batch's time (core/batch.py) on the same steps."""
 from __future__ import annotations
 
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 
 
+from core.batch import build_batch
 from core.sched import (FreeListBlocks, Request, SchedPolicy, Scheduler,
                         SchedulerConfig, StepOutput)
 
@@ -32,8 +33,9 @@ def build(running: int, waiting: int, steps: int, policy: SchedPolicy) -> Schedu
     return sched
 
 
-def measure(running: int, waiting: int, steps: int, policy: SchedPolicy) -> float:
-    """Mean microseconds per step, schedule() + on_step()."""
+def measure(running: int, waiting: int, steps: int, policy: SchedPolicy,
+            batch: bool = False) -> float:
+    """Mean microseconds per step, schedule() + on_step(); with `batch`, build_batch's alone."""
     sched = build(running, waiting, steps + 2, policy)
     out = sched.schedule()  # admits the running set
     sched.on_step([StepOutput(c.id, 1) for c in out.prefill])
@@ -44,11 +46,18 @@ def measure(running: int, waiting: int, steps: int, policy: SchedPolicy) -> floa
     try:
         clock = time.perf_counter_ns
         total = 0
-        for _ in range(steps):
-            t0 = clock()
-            out = sched.schedule()
-            sched.on_step(outputs)
-            total += clock() - t0
+        for step in range(steps):
+            if batch:
+                out = sched.schedule()
+                t0 = clock()
+                build_batch(step, out, sched, {})
+                total += clock() - t0
+                sched.on_step(outputs)
+            else:
+                t0 = clock()
+                out = sched.schedule()
+                sched.on_step(outputs)
+                total += clock() - t0
             assert len(out.decode) == running and not out.prefill, "bench setup broken"
     finally:
         if gc_was:
@@ -70,20 +79,25 @@ def main() -> int:
     policy = SchedPolicy(args.policy)
     few, many = args.waiting
     runs: dict[int, list[float]] = {few: [], many: []}
+    batch_runs: list[float] = []
     for _ in range(args.repeats):  # interleaved, so a noisy moment hits both alike
         for w in (few, many):
             runs[w].append(measure(args.running, w, args.steps, policy))
+        batch_runs.append(measure(args.running, few, args.steps, policy, batch=True))
     res = {w: min(r) for w, r in runs.items()}
     for w in (few, many):
         print(f"{args.running} decodes, {w:>6} waiting: {res[w]:8.1f} us/step "
               f"(best of {args.repeats}; all: {', '.join(f'{x:.1f}' for x in runs[w])})")
+    print(f"build_batch, {args.running} decodes: {min(batch_runs):8.1f} us/step "
+          f"(best of {args.repeats}; all: {', '.join(f'{x:.1f}' for x in batch_runs)})")
     ratio = res[many] / res[few]
     print(f"ratio {many}/{few} waiting: {ratio:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"running": args.running, "steps": args.steps, "repeats": args.repeats,
                        "policy": args.policy, "us_per_step": {str(k): v for k, v in res.items()},
-                       "all_runs": {str(k): v for k, v in runs.items()}, "ratio": ratio},
+                       "all_runs": {str(k): v for k, v in runs.items()}, "ratio": ratio,
+                   "build_batch_us": min(batch_runs)},
                       f, indent=2)
     return 0
 

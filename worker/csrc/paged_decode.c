@@ -26,15 +26,34 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 INLINE v16 load(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 INLINE void store(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
+/* Where block b of a table sits in one layer's half of the pool: the sequence's position
+ * b * bs + p is pool row table[b] * bs + p (its slot: docs/DESIGN.md, "Paged KV layout"),
+ * `row` floats apart. */
+INLINE const float *block_rows(const float *pool, const int64_t *table, int64_t b, int bs,
+                               int64_t row) {
+    return pool + table[b] * bs * row;
+}
+
 /* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one
  * coming: ask for a block's rows (this head's part of each) one block ahead. */
-INLINE void prefetch_next(const float *base, const int64_t *table, int64_t b, int64_t t0,
+INLINE void prefetch_next(const float *pool, const int64_t *table, int64_t b, int64_t t0,
                           int64_t ctx, int bs, int64_t row, int dv) {
     if (t0 + bs >= ctx) return;
-    const float *blk = base + table[b + 1] * bs * row;
+    const float *blk = block_rows(pool, table, b + 1, bs, row);
     const int64_t len = ctx - t0 - bs < bs ? ctx - t0 - bs : bs;
     for (int64_t p = 0; p < len; p++)
         for (int j = 0; j < dv; j++) __builtin_prefetch(blk + p * row + 16 * j, 0, 3);
+}
+
+/* One step of a walk along a table: the rows of block b (positions t0 = b * bs onwards),
+ * *len of them among the first ctx positions; the next block is prefetched. */
+INLINE const float *walk_block(const float *pool, const int64_t *table, int64_t b,
+                               int64_t t0, int64_t ctx, int bs, int64_t row, int dv,
+                               int64_t *len) {
+    const float *rows = block_rows(pool, table, b, bs, row);
+    *len = ctx - t0 < bs ? ctx - t0 : bs;
+    prefetch_next(pool, table, b, t0, ctx, bs, row, dv);
+    return rows;
 }
 
 INLINE v16 vmax(v16 a, v16 b) {
@@ -92,9 +111,8 @@ INLINE void scores(const float *q, const float *k, const int64_t *table, int64_t
                    int64_t ld, int64_t row, int bs, int rep, int dv, float scale,
                    float *restrict s) {
     for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
-        const float *kb = k + table[b] * bs * row;
-        const int64_t len = ctx - t0 < bs ? ctx - t0 : bs;
-        prefetch_next(k, table, b, t0, ctx, bs, row, dv);
+        int64_t len;
+        const float *kb = walk_block(k, table, b, t0, ctx, bs, row, dv, &len);
         for (int r = 0; r < rep; r++) {
             v16 qv[MAX_DV];
             for (int j = 0; j < dv; j++) qv[j] = load(q + (r * dv + j) * 16);
@@ -137,9 +155,8 @@ INLINE void weighted_values(const float *v, const int64_t *table, int64_t ctx, i
     v16 acc[MAX_REP * MAX_DV];
     for (int i = 0; i < rep * dv; i++) acc[i] = (v16){0};
     for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
-        const float *vb = v + table[b] * bs * row;
-        const int64_t len = ctx - t0 < bs ? ctx - t0 : bs;
-        prefetch_next(v, table, b, t0, ctx, bs, row, dv);
+        int64_t len;
+        const float *vb = walk_block(v, table, b, t0, ctx, bs, row, dv, &len);
         for (int64_t p = 0; p < len; p++) {
             v16 vt[MAX_DV];
             for (int j = 0; j < dv; j++) vt[j] = load(vb + p * row + 16 * j);

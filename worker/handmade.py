@@ -1,16 +1,12 @@
-"""ForwardBatches without a scheduler, for worker tests and benchmarks.
-
-The layout follows core.batch: one-token decodes first, then prefill chunks;
-slot = block_id * block_size + offset; tables padded with 0 to the widest.
-"""
+"""ForwardBatches made by hand, without a scheduler, for worker tests and benchmarks: the
+layout is core.batch.layout's, each Part a sequence in the given order."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from core.ipc.protocol import F64, I32, I64, ForwardBatch, SamplingParams
-
-GREEDY = SamplingParams()
+from core.batch import GREEDY, layout
+from core.ipc.protocol import ForwardBatch, SamplingParams
 
 
 @dataclass
@@ -26,31 +22,11 @@ class Part:
 
 
 def make_batch(parts: Sequence[Part], block_size: int, step: int = 0) -> ForwardBatch:
-    ids, pos, slots, qs, ctx, rows = I32(), I32(), I32(), I32([0]), I32(), I32()
-    temp, top_p, top_k, seeds, gen = F64(), F64(), I32(), I64(), I32()
-    width = max((len(p.table) for p in parts), default=0)
-    tables = I32()
-    for i, p in enumerate(parts):
-        end = p.start + p.length
-        ids.extend(p.tokens[p.start:end])
-        pos.extend(range(p.start, end))
-        slots.extend(p.table[q // block_size] * block_size + q % block_size
-                     for q in range(p.start, end))
-        qs.append(len(ids))
-        ctx.append(end)
-        tables.extend(list(p.table) + [0] * (width - len(p.table)))
-        if p.sample:
-            rows.append(i)
-            temp.append(p.params.temperature)
-            top_p.append(p.params.top_p)
-            top_k.append(p.params.top_k)
-            seeds.append(p.params.seed or 0)
-            gen.append(p.gen_index)
-    return ForwardBatch(step=step, seq_ids=I32(range(len(parts))), input_ids=ids, positions=pos,
-                        slot_mapping=slots, query_start=qs, context_lens=ctx,
-                        block_tables=tables, table_width=width, sample_rows=rows,
-                        temperature=temp, top_p=top_p, top_k=top_k, seeds=seeds,
-                        gen_index=gen)
+    """Sequence i is parts[i] (seq_ids 0, 1, ...); a part with `sample` is sampled."""
+    rows = [i for i, p in enumerate(parts) if p.sample]
+    return layout(step, block_size, range(len(parts)), [p.tokens for p in parts],
+                  [p.table for p in parts], 0, [(p.start, p.start + p.length) for p in parts],
+                  rows, [parts[i].params for i in rows], [parts[i].gen_index for i in rows])
 
 
 def blocks_needed(tokens: int, block_size: int) -> int:
