@@ -15,6 +15,7 @@ import msgpack
 
 from core.batch import build_batch, sampled_ids
 from core.ipc.protocol import ForwardBatch, SamplingParams
+from core.logrecords import StepRecord
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 
@@ -69,25 +70,12 @@ class NullLog:
 
     def add_request(self, rid, client_request_id, arrival, req, sampling, ignore_eos): pass
     def input(self, step, kind, rid): pass
-    def step(self, record: "StepRecord"): pass
+    def step(self, record: StepRecord): pass
     def finish(self, rid, step, reason, output_tokens): pass
     def flush(self): pass
     def close(self): pass
     def refusal(self) -> str | None: return None
     def abort_reason(self) -> str | None: return None
-
-
-@dataclass
-class StepRecord:
-    step: int
-    wall_time: float
-    duration_ms: float
-    schedule: dict
-    outputs: list
-    free_blocks: int
-    running: int
-    waiting: int
-    hash: str
 
 
 @dataclass

@@ -2,11 +2,14 @@
 requests (a request missing from one, or changed), then the inputs."""
 from __future__ import annotations
 
+from dataclasses import fields
 from itertools import zip_longest
 
+from core.logrecords import StepRecord, is_clock
 from replay.logfile import LogFile
 
-FIELDS = ("schedule", "outputs", "free_blocks", "running", "waiting", "hash")
+# What a step did (not when, nor how long): the same inputs give the same values.
+FIELDS = tuple(f.name for f in fields(StepRecord) if not is_clock(f) and f.name != StepRecord.key)
 
 
 def first_difference(a: LogFile, b: LogFile) -> str | None:

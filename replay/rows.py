@@ -1,9 +1,10 @@
 """A step log's rows and meta, read with their types checked (replay/damage.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from operator import itemgetter
 
+from core.logrecords import StepRecord, is_json
 from core.sched import SchedPolicy, SchedulerConfig
 from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
                            optional, parsed, rows, text)
@@ -15,19 +16,6 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
-
-
-@dataclass
-class StepRow:
-    step: int
-    wall_time: float
-    duration_ms: float
-    schedule: dict
-    outputs: list
-    free_blocks: int
-    running: int
-    waiting: int
-    hash: str
 
 
 def check_meta(meta: dict) -> dict:
@@ -105,20 +93,23 @@ def input_row(step, seq, kind, rid, requests: dict) -> tuple[int, str, int | Non
     return step, kind, rid
 
 
-def step_row(row: tuple, requests: dict) -> StepRow:
-    step = integer(row[0], "a step number", 0)
+def step_row(row: tuple, requests: dict) -> StepRecord:
+    """A steps row, its columns in StepRecord's order, with every value checked: the step
+    number, then the JSON columns' shapes and the ids they name, then the other columns."""
+    v = dict(zip(_STEP_NAMES, row))
+    step = integer(v[StepRecord.key], "a step number", 0)
     w = f"step {step}:"
-    schedule = _schedule(parsed(row[3], f"{w} schedule"), f"{w} schedule")
-    outputs = rows(parsed(row[4], f"{w} outputs"), f"{w} outputs", (int, int, bool))
+    for name, shape in _STEP_JSON:
+        v[name] = shape(parsed(v[name], f"{w} {name}"), f"{w} {name}")
+    schedule, outputs = v["schedule"], v["outputs"]
     ids = set(map(_FIRST, schedule["prefill"])).union(
         schedule["decode"], schedule["preempted"], map(_FIRST, outputs))
     missing = ids.difference(requests)
     if missing:
         raise DamagedLog(f"{w} names request {min(missing)}, which the requests table lacks")
-    return StepRow(step, number(row[1], f"{w} wall_time"), number(row[2], f"{w} duration_ms"),
-                   schedule, outputs, integer(row[5], f"{w} free_blocks", 0),
-                   integer(row[6], f"{w} running", 0), integer(row[7], f"{w} waiting", 0),
-                   text(row[8], f"{w} hash"))
+    for name, read in _STEP_SCALARS:
+        read(v[name], f"{w} {name}")
+    return StepRecord(**v)
 
 
 def _schedule(doc, where: str) -> dict:
@@ -127,6 +118,20 @@ def _schedule(doc, where: str) -> dict:
     int_list(doc["decode"], f"{where} decode")
     int_list(doc["preempted"], f"{where} preempted")
     return doc
+
+
+def _outputs(doc, where: str) -> list:
+    return rows(doc, where, (int, int, bool))
+
+
+# How step_row reads each column of StepRecord: a JSON column by its shape, any other by
+# its type (the integers are counts or step numbers: never negative).
+_SHAPES = {"schedule": _schedule, "outputs": _outputs}
+_READERS = {int: lambda v, where: integer(v, where, 0), float: number, str: text}
+_STEP_NAMES = [f.name for f in fields(StepRecord)]
+_STEP_JSON = [(f.name, _SHAPES[f.name]) for f in fields(StepRecord) if is_json(f)]
+_STEP_SCALARS = [(f.name, _READERS[f.type]) for f in fields(StepRecord)
+                 if not is_json(f) and f.name != StepRecord.key]
 
 
 def gap_message(first, last, records, reason) -> str:

@@ -13,8 +13,9 @@ from core.batch import sampled_ids
 from core.config import engine_from_meta
 from core.engine import schedule_json
 from core.ipc.protocol import SamplingParams
+from core.logrecords import StepRecord
 from core.sched import AdmitError, Request
-from replay.logfile import LogFile, StepRow
+from replay.logfile import LogFile
 from replay.progress import Progress
 
 
@@ -65,7 +66,7 @@ def _diff_schedule(got: dict, want: dict) -> list[str]:
     return out
 
 
-def _check_step(engine, row: StepRow, runner) -> Divergence | None:
+def _check_step(engine, row: StepRecord, runner) -> Divergence | None:
     batch = engine.plan(build=runner is not None)
     got = schedule_json(engine.last_schedule)
     if got != row.schedule:
