@@ -31,17 +31,17 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _write_request(conn, p) -> None:
-    rid, crid, arrival, prompt, max_tokens, priority, sampling = p
+    seq_id, crid, arrival, prompt, max_tokens, priority, sampling = p
     conn.execute("INSERT INTO requests (id, client_request_id, arrival_step, prompt_tokens,"
                  " max_tokens, priority, sampling) VALUES (?,?,?,?,?,?,?)",
-                 (rid, crid, arrival, json.dumps(prompt), max_tokens, priority,
+                 (seq_id, crid, arrival, json.dumps(prompt), max_tokens, priority,
                   json.dumps(sampling)))
 
 
 def _write_finish(conn, p) -> None:
-    rid, step, reason, output = p
+    seq_id, step, reason, output = p
     conn.execute("UPDATE requests SET finish_step=?, finish_reason=?, output_tokens=?"
-                 " WHERE id=?", (step, reason, json.dumps(output), rid))
+                 " WHERE id=?", (step, reason, json.dumps(output), seq_id))
 
 
 def _insert(cls):

@@ -102,20 +102,20 @@ class StepLog:
 
     # ---- called by the engine, on the step loop's thread
 
-    def add_request(self, rid, client_request_id, arrival, req, sampling, ignore_eos):
+    def add_request(self, seq_id, client_request_id, arrival, req, sampling, ignore_eos):
         doc = {**asdict(sampling), "ignore_eos": ignore_eos}
-        self._pending.append(("req", (rid, client_request_id, arrival, list(req.prompt),
+        self._pending.append(("req", (seq_id, client_request_id, arrival, list(req.prompt),
                                       req.max_tokens, req.priority, doc)))
 
-    def input(self, step, kind, rid):
+    def input(self, step, kind, seq_id):
         # Inputs arrive in step order, so one counter for the current step suffices.
         if step != self._seq_step:
             self._seq_step, self._seq_n = step, 0
-        self._pending.append(("in", InputRecord(step, self._seq_n, kind, rid)))
+        self._pending.append(("in", InputRecord(step, self._seq_n, kind, seq_id)))
         self._seq_n += 1
 
-    def finish(self, rid, step, reason, output_tokens):
-        self._pending.append(("fin", (rid, step, reason, list(output_tokens or ()))))
+    def finish(self, seq_id, step, reason, output_tokens):
+        self._pending.append(("fin", (seq_id, step, reason, list(output_tokens or ()))))
 
     def step(self, record: StepRecord) -> None:
         self._pending.append(("step", record))

@@ -29,13 +29,13 @@ def _steps(a: LogFile, b: LogFile) -> str | None:
 
 
 def _requests(a: LogFile, b: LogFile) -> str | None:
-    for rid in sorted(a.requests.keys() | b.requests.keys()):
-        ra, rb = a.requests.get(rid), b.requests.get(rid)
+    for seq_id in sorted(a.requests.keys() | b.requests.keys()):
+        ra, rb = a.requests.get(seq_id), b.requests.get(seq_id)
         if ra is None or rb is None:
-            return f"request {rid}: only {(b if ra is None else a).path} has it"
+            return f"request {seq_id}: only {(b if ra is None else a).path} has it"
         diffs = [f"  {k}: {ra[k]!r} != {rb[k]!r}" for k in ra if ra[k] != rb[k]]
         if diffs:
-            return f"request {rid} differs:\n" + "\n".join(diffs)
+            return f"request {seq_id} differs:\n" + "\n".join(diffs)
     return None
 
 

@@ -100,8 +100,8 @@ class LogFile:
     def _inputs(self) -> dict[int, list[tuple[str, int | None]]]:
         out: dict[int, list] = {}
         for row in self.conn.execute(select_sql(InputRecord)):
-            step, kind, rid = input_row(*row, self.requests)
-            out.setdefault(step, []).append((kind, rid))
+            step, kind, seq_id = input_row(*row, self.requests)
+            out.setdefault(step, []).append((kind, seq_id))
         return out
 
     def num_steps(self) -> int:

@@ -52,13 +52,13 @@ def _check_sched_config(sc: dict) -> None:
 
 
 def request_row(r: dict) -> dict:
-    rid = integer(r["id"], "a request id", 0)
-    w = f"request {rid}:"
+    seq_id = integer(r["id"], "a request id", 0)
+    w = f"request {seq_id}:"
     prompt = int_list(parsed(r["prompt_tokens"], f"{w} prompt_tokens"), f"{w} prompt_tokens", 0)
     if not prompt:
         raise DamagedLog(f"{w} empty prompt")
     out = r["output_tokens"]
-    return {"id": rid,
+    return {"id": seq_id,
             "client_request_id": optional(text, r["client_request_id"], f"{w} client_request_id"),
             "arrival_step": integer(r["arrival_step"], f"{w} arrival_step", 0),
             "prompt_tokens": prompt,
@@ -81,16 +81,16 @@ def _sampling(doc, where: str) -> dict:
     return doc
 
 
-def input_row(step, seq, kind, rid, requests: dict) -> tuple[int, str, int | None]:
+def input_row(step, seq, kind, seq_id, requests: dict) -> tuple[int, str, int | None]:
     step = integer(step, "an input's step", 0)
     w = f"input {seq} before step {step}"
     one_of(kind, f"{w} kind", INPUT_KINDS)
     if kind == "restart":
         return step, kind, None
-    if rid not in requests:
-        raise DamagedLog(f"{w} ({kind}) names request {_name(rid)}, which the requests"
+    if seq_id not in requests:
+        raise DamagedLog(f"{w} ({kind}) names request {_name(seq_id)}, which the requests"
                          " table lacks")
-    return step, kind, rid
+    return step, kind, seq_id
 
 
 def step_row(row: tuple, requests: dict) -> StepRecord:
@@ -139,5 +139,5 @@ def gap_message(first, last, records, reason) -> str:
             " replay cannot go past them")
 
 
-def _name(rid) -> str:
-    return str(rid) if type(rid) is int else repr(rid)
+def _name(v) -> str:
+    return str(v) if type(v) is int else repr(v)

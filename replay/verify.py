@@ -37,9 +37,9 @@ class Verdict:
 
 
 def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
-    for kind, rid in log.inputs.get(step, ()):
+    for kind, seq_id in log.inputs.get(step, ()):
         if kind == "add":
-            r = log.requests[rid]
+            r = log.requests[seq_id]
             s = dict(r["sampling"])
             ignore_eos = s.pop("ignore_eos", False)
             try:
@@ -47,12 +47,12 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
                                  SamplingParams(**s), ignore_eos=ignore_eos,
                                  client_request_id=r["client_request_id"] or "")
             except AdmitError as e:
-                return Divergence(step, "input", [f"request {rid} was refused: {e!r}"])
-            if got != rid:
-                return Divergence(step, "input", [f"add gave id {got}, the log says {rid}"])
+                return Divergence(step, "input", [f"request {seq_id} was refused: {e!r}"])
+            if got != seq_id:
+                return Divergence(step, "input", [f"add gave id {got}, the log says {seq_id}"])
         elif kind == "abort":
-            if not engine.abort(rid):
-                return Divergence(step, "input", [f"request {rid} was not running to abort"])
+            if not engine.abort(seq_id):
+                return Divergence(step, "input", [f"request {seq_id} was not running to abort"])
         elif kind == "restart":
             engine.restart()
     return None
