@@ -68,7 +68,7 @@ class NullLog:
 
     problem = None
 
-    def add_request(self, seq_id, client_request_id, arrival, req, sampling, ignore_eos): pass
+    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos): pass
     def input(self, step, kind, seq_id): pass
     def step(self, record: StepRecord): pass
     def finish(self, seq_id, step, reason, output_tokens): pass
@@ -117,7 +117,7 @@ class Engine:
     # ---- inputs, applied between steps
 
     def add(self, req: Request, sampling: SamplingParams | None = None, *,
-            ignore_eos: bool = False, client_request_id: str = "") -> int:
+            ignore_eos: bool = False, request_id: str = "") -> int:
         """Admit to the queue; raises the scheduler's AdmitError unchanged."""
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
@@ -127,7 +127,7 @@ class Engine:
                                       derive_seed(self.seed, seq_id))
         self.live[seq_id] = _Live(sampling, ignore_eos, len(req.prompt))
         step = self.step_no
-        self.log.add_request(seq_id, client_request_id, step, req, sampling, ignore_eos)
+        self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos)
         self.log.input(step, "add", seq_id)
         return seq_id
 

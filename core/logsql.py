@@ -31,10 +31,10 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _write_request(conn, p) -> None:
-    seq_id, crid, arrival, prompt, max_tokens, priority, sampling = p
+    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling = p
     conn.execute("INSERT INTO requests (id, client_request_id, arrival_step, prompt_tokens,"
                  " max_tokens, priority, sampling) VALUES (?,?,?,?,?,?,?)",
-                 (seq_id, crid, arrival, json.dumps(prompt), max_tokens, priority,
+                 (seq_id, request_id, arrival, json.dumps(prompt), max_tokens, priority,
                   json.dumps(sampling)))
 
 

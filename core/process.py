@@ -200,7 +200,7 @@ class CoreLoop:
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
         try:
             seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
-                                     client_request_id=msg.client_request_id)
+                                     request_id=msg.request_id)
         except AdmitError as e:
             code = 429 if isinstance(e, QueueFull) else 400
             self.send(Rejected(fid=msg.fid, code=code, message=str(e) or type(e).__name__))

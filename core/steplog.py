@@ -102,9 +102,9 @@ class StepLog:
 
     # ---- called by the engine, on the step loop's thread
 
-    def add_request(self, seq_id, client_request_id, arrival, req, sampling, ignore_eos):
+    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos):
         doc = {**asdict(sampling), "ignore_eos": ignore_eos}
-        self._pending.append(("req", (seq_id, client_request_id, arrival, list(req.prompt),
+        self._pending.append(("req", (seq_id, request_id, arrival, list(req.prompt),
                                       req.max_tokens, req.priority, doc)))
 
     def input(self, step, kind, seq_id):

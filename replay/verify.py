@@ -45,7 +45,7 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
             try:
                 got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"]),
                                  SamplingParams(**s), ignore_eos=ignore_eos,
-                                 client_request_id=r["client_request_id"] or "")
+                                 request_id=r["client_request_id"] or "")
             except AdmitError as e:
                 return Divergence(step, "input", [f"request {seq_id} was refused: {e!r}"])
             if got != seq_id:

@@ -108,7 +108,7 @@ class FakeCore:
 
     def add_of(self, request_id: str, timeout: float = 5.0) -> AddRequest | None:
         return self.wait_for(lambda m: isinstance(m, AddRequest)
-                             and m.client_request_id == request_id, timeout)
+                             and m.request_id == request_id, timeout)
 
     def abort_of(self, fid: int, timeout: float = 5.0) -> AbortRequest | None:
         return self.wait_for(lambda m: isinstance(m, AbortRequest) and m.fid == fid, timeout)

@@ -27,7 +27,7 @@ def valid_frames() -> list[bytes]:
         P.Generate(request_id="f", prompt="hello", max_tokens=3, stop=["x"]),
         P.Generate(request_id="g", prompt=[1, 2, 3], max_tokens=2, temperature=0.5, seed=3),
         P.Abort(request_id="f"), P.Stats(), P.Ping(),
-        P.AddRequest(fid=1, client_request_id="x", prompt=P.I32([1, 2]), max_tokens=2,
+        P.AddRequest(fid=1, request_id="x", prompt=P.I32([1, 2]), max_tokens=2,
                      priority=0, sampling=P.SamplingParams()),
         P.StepEvents(fids=P.I32([1]), tokens=P.I32([2]), finished=[[1, "stop"]]))]
 

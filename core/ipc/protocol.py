@@ -97,7 +97,7 @@ class Pong:
 @message("add")
 class AddRequest:
     fid: int                      # the frontend's key for the request
-    client_request_id: str
+    request_id: str               # the client's
     prompt: I32
     max_tokens: int
     priority: int
