@@ -15,6 +15,7 @@ import msgpack
 
 from core.batch import build_batch, sampled_ids
 from core.ipc.protocol import ForwardBatch, SamplingParams
+from core.logrecords import StepRecord
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 
@@ -39,9 +40,9 @@ def check_ranges(req: Request, sampling: SamplingParams) -> None:
         raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}")
 
 
-def derive_seed(engine_seed: int, rid: int) -> int:
+def derive_seed(engine_seed: int, seq_id: int) -> int:
     """The seed of a sampled request that brought none: a function of (--seed, id)."""
-    h = hashlib.blake2b(f"{engine_seed}:{rid}".encode(), digest_size=8).digest()
+    h = hashlib.blake2b(f"{engine_seed}:{seq_id}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & SEED_MASK
 
 
@@ -67,27 +68,14 @@ class NullLog:
 
     problem = None
 
-    def add_request(self, rid, client_request_id, arrival, req, sampling, ignore_eos): pass
-    def input(self, step, kind, rid): pass
-    def step(self, record: "StepRecord"): pass
-    def finish(self, rid, step, reason, output_tokens): pass
+    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos): pass
+    def input(self, step, kind, seq_id): pass
+    def step(self, record: StepRecord): pass
+    def finish(self, seq_id, step, reason, output_tokens): pass
     def flush(self): pass
     def close(self): pass
     def refusal(self) -> str | None: return None
     def abort_reason(self) -> str | None: return None
-
-
-@dataclass
-class StepRecord:
-    step: int
-    wall_time: float
-    duration_ms: float
-    schedule: dict
-    outputs: list
-    free_blocks: int
-    running: int
-    waiting: int
-    hash: str
 
 
 @dataclass
@@ -99,13 +87,13 @@ class _Live:
 
 
 class _SamplingView:
-    """rid -> SamplingParams over the live table, without copying it every step."""
+    """seq_id -> SamplingParams over the live table, without copying it every step."""
 
     def __init__(self, live: dict):
         self.live = live
 
-    def get(self, rid: int, default=None):
-        live = self.live.get(rid)
+    def get(self, seq_id: int, default=None):
+        live = self.live.get(seq_id)
         return live.sampling if live is not None else default
 
 
@@ -129,35 +117,35 @@ class Engine:
     # ---- inputs, applied between steps
 
     def add(self, req: Request, sampling: SamplingParams | None = None, *,
-            ignore_eos: bool = False, client_request_id: str = "") -> int:
+            ignore_eos: bool = False, request_id: str = "") -> int:
         """Admit to the queue; raises the scheduler's AdmitError unchanged."""
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
-        rid = self.sched.add(req)
+        seq_id = self.sched.add(req)
         if sampling.temperature > 0 and sampling.seed is None:
             sampling = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k,
-                                      derive_seed(self.seed, rid))
-        self.live[rid] = _Live(sampling, ignore_eos, len(req.prompt))
+                                      derive_seed(self.seed, seq_id))
+        self.live[seq_id] = _Live(sampling, ignore_eos, len(req.prompt))
         step = self.step_no
-        self.log.add_request(rid, client_request_id, step, req, sampling, ignore_eos)
-        self.log.input(step, "add", rid)
-        return rid
+        self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos)
+        self.log.input(step, "add", seq_id)
+        return seq_id
 
-    def abort(self, rid: int) -> bool:
-        """True when rid was unfinished (and is now aborted)."""
-        live = self.live.pop(rid, None)
+    def abort(self, seq_id: int) -> bool:
+        """True when seq_id was unfinished (and is now aborted)."""
+        live = self.live.pop(seq_id, None)
         if live is None:
             return False
-        self.sched.abort(rid)
+        self.sched.abort(seq_id)
         step = self.step_no
-        self.log.input(step, "abort", rid)
-        self.log.finish(rid, step, "abort", live.output)
+        self.log.input(step, "abort", seq_id)
+        self.log.finish(seq_id, step, "abort", live.output)
         return True
 
     def abort_all(self) -> None:
         """Shutting down: every unfinished request is aborted (and its blocks freed)."""
-        for rid in list(self.live):
-            self.abort(rid)
+        for seq_id in list(self.live):
+            self.abort(seq_id)
 
     def restart(self) -> list[int]:
         """A new worker: every running request is preempted and later recomputed."""
@@ -188,8 +176,8 @@ class Engine:
         if len(ids) != len(tokens):
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
         eos = self.eos_ids
-        outputs = [StepOutput(rid, tok, tok in eos and self._stops_on_eos(rid))
-                   for rid, tok in zip(ids, tokens)]
+        outputs = [StepOutput(seq_id, tok, tok in eos and self._stops_on_eos(seq_id))
+                   for seq_id, tok in zip(ids, tokens)]
         events = self.sched.on_step(outputs)
         self._record(step, out, outputs, t0)
         self._finish(events, step)
@@ -205,7 +193,7 @@ class Engine:
         done: dict[int, list[int]] = {}
         n = 0
         while self.sched.has_unfinished() and (max_steps is None or n < max_steps):
-            outs = {rid: live.output for rid, live in self.live.items()}
+            outs = {seq_id: live.output for seq_id, live in self.live.items()}
             for ev in self.step():
                 if isinstance(ev, Finished):
                     done[ev.id] = outs.get(ev.id, [])
@@ -214,8 +202,8 @@ class Engine:
 
     # ---- internals
 
-    def _stops_on_eos(self, rid: int) -> bool:
-        live = self.live.get(rid)
+    def _stops_on_eos(self, seq_id: int) -> bool:
+        live = self.live.get(seq_id)
         return live is not None and not live.ignore_eos
 
     def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
+from core.logrecords import Gap, InputRecord, StepRecord, insert_sql, values
+
 
 def write_batch(conn: sqlite3.Connection, batch: list[tuple]) -> None:
     """Commit every record of `batch`, or none of them (and raise)."""
@@ -29,34 +31,24 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _write_request(conn, p) -> None:
-    rid, crid, arrival, prompt, max_tokens, priority, sampling = p
+    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling = p
     conn.execute("INSERT INTO requests (id, client_request_id, arrival_step, prompt_tokens,"
                  " max_tokens, priority, sampling) VALUES (?,?,?,?,?,?,?)",
-                 (rid, crid, arrival, json.dumps(prompt), max_tokens, priority,
+                 (seq_id, request_id, arrival, json.dumps(prompt), max_tokens, priority,
                   json.dumps(sampling)))
 
 
-def _write_input(conn, p) -> None:
-    conn.execute("INSERT INTO inputs (step, seq, kind, request_id) VALUES (?,?,?,?)", p)
-
-
 def _write_finish(conn, p) -> None:
-    rid, step, reason, output = p
+    seq_id, step, reason, output = p
     conn.execute("UPDATE requests SET finish_step=?, finish_reason=?, output_tokens=?"
-                 " WHERE id=?", (step, reason, json.dumps(output), rid))
+                 " WHERE id=?", (step, reason, json.dumps(output), seq_id))
 
 
-def _write_step(conn, r) -> None:
-    conn.execute("INSERT INTO steps (step, wall_time, duration_ms, schedule, outputs,"
-                 " free_blocks, running, waiting, hash) VALUES (?,?,?,?,?,?,?,?,?)",
-                 (r.step, r.wall_time, r.duration_ms, json.dumps(r.schedule),
-                  json.dumps(r.outputs), r.free_blocks, r.running, r.waiting, r.hash))
+def _insert(cls):
+    """The writer of a record of `cls` (core/logrecords.py)."""
+    sql = insert_sql(cls)
+    return lambda conn, record: conn.execute(sql, values(record))
 
 
-def _write_gap(conn, g) -> None:
-    conn.execute("INSERT INTO gaps (first_step, last_step, records, reason) VALUES (?,?,?,?)",
-                 (g.first_step, g.last_step, g.records, g.reason))
-
-
-_WRITERS = {"req": _write_request, "in": _write_input, "fin": _write_finish,
-            "step": _write_step, "gap": _write_gap}
+_WRITERS = {"req": _write_request, "in": _insert(InputRecord), "fin": _write_finish,
+            "step": _insert(StepRecord), "gap": _insert(Gap)}

@@ -62,8 +62,8 @@ class CoreLoop:
                              accept=(WorkerReady, StepResult), max_bytes=1 << 30)
         self.wk_out = Channel(ctx, zmq.PUSH, cfg.worker_out, bind=True, max_bytes=1 << 30)
         self.engine: Engine | None = None
-        self.rid_of: dict[int, int] = {}   # scheduler id -> frontend rid
-        self.id_of: dict[int, int] = {}    # frontend rid -> scheduler id
+        self.fid_of: dict[int, int] = {}   # seq_id (the scheduler's) -> fid (the frontend's)
+        self.seq_of: dict[int, int] = {}   # fid -> seq_id
         self.worker_pid = 0
         self.info = None
         self.log: StepLog | None = None
@@ -174,20 +174,20 @@ class CoreLoop:
         elif isinstance(msg, Hello):
             self.hello(msg)
         elif isinstance(msg, AbortRequest):
-            sid = self.id_of.pop(msg.rid, None)
-            if sid is not None:
-                self.rid_of.pop(sid, None)
-                self.engine.abort(sid)
+            seq_id = self.seq_of.pop(msg.fid, None)
+            if seq_id is not None:
+                self.fid_of.pop(seq_id, None)
+                self.engine.abort(seq_id)
         elif isinstance(msg, StatsQuery):
             self.send(CoreStats(qid=msg.qid, stats=self.stats()))
 
     def hello(self, msg: Hello) -> None:
         """A new frontend: the requests of the one before it have nobody to answer to."""
-        orphans = list(self.id_of.values())
-        for sid in orphans:
-            self.engine.abort(sid)
-        self.id_of.clear()
-        self.rid_of.clear()
+        orphans = list(self.seq_of.values())
+        for seq_id in orphans:
+            self.engine.abort(seq_id)
+        self.seq_of.clear()
+        self.fid_of.clear()
         if orphans:
             _log(f"frontend {msg.pid} connected: aborted {len(orphans)} request(s) of the one before")
         self.announce()
@@ -195,33 +195,33 @@ class CoreLoop:
     def add(self, msg: AddRequest) -> None:
         refusal = self.engine.log.refusal()  # the step log cannot be written
         if refusal is not None:
-            self.send(Rejected(rid=msg.rid, code=503, message=refusal))
+            self.send(Rejected(fid=msg.fid, code=503, message=refusal))
             return
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
         try:
-            sid = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
-                                  client_request_id=msg.client_request_id)
+            seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
+                                     request_id=msg.request_id)
         except AdmitError as e:
             code = 429 if isinstance(e, QueueFull) else 400
-            self.send(Rejected(rid=msg.rid, code=code, message=str(e) or type(e).__name__))
+            self.send(Rejected(fid=msg.fid, code=code, message=str(e) or type(e).__name__))
             return
         except Exception as e:  # a bug must fail this request, not the engine
-            _log(f"request {msg.rid} failed at admission: {e!r}")
-            self.send(Rejected(rid=msg.rid, code=500, message=f"internal error: {e!r}"))
+            _log(f"request {msg.fid} failed at admission: {e!r}")
+            self.send(Rejected(fid=msg.fid, code=500, message=f"internal error: {e!r}"))
             return
-        self.rid_of[sid], self.id_of[msg.rid] = msg.rid, sid
+        self.fid_of[seq_id], self.seq_of[msg.fid] = msg.fid, seq_id
 
     def shed(self) -> None:
         """The step log has been unwritable with too much waiting: abort every request."""
         why = self.engine.log.abort_reason()
-        if why is None or not self.rid_of:
+        if why is None or not self.fid_of:
             return
-        _log(f"aborting {len(self.rid_of)} request(s): {why}")
-        for rid in self.rid_of.values():
-            self.send(Rejected(rid=rid, code=503, message=why))
+        _log(f"aborting {len(self.fid_of)} request(s): {why}")
+        for fid in self.fid_of.values():
+            self.send(Rejected(fid=fid, code=503, message=why))
         self.engine.abort_all()
-        self.rid_of.clear()
-        self.id_of.clear()
+        self.fid_of.clear()
+        self.seq_of.clear()
 
     def step(self) -> None:
         try:
@@ -243,12 +243,12 @@ class CoreLoop:
         self.engine.commit(None)
         suspects = [*out.decode, *(c.id for c in out.prefill)]
         _log(f"step failed ({e!r}): failing request(s) {sorted(set(suspects))}")
-        for sid in dict.fromkeys(suspects):
-            rid = self.rid_of.pop(sid, None)
-            self.engine.abort(sid)
-            if rid is not None:
-                del self.id_of[rid]
-                self.send(Rejected(rid=rid, code=500, message=f"internal error: {e!r}"))
+        for seq_id in dict.fromkeys(suspects):
+            fid = self.fid_of.pop(seq_id, None)
+            self.engine.abort(seq_id)
+            if fid is not None:
+                del self.seq_of[fid]
+                self.send(Rejected(fid=fid, code=500, message=f"internal error: {e!r}"))
 
     def forward(self, batch) -> I32:
         """The worker's tokens for `batch`; WorkerDied if it dies or hangs meanwhile."""
@@ -277,19 +277,19 @@ class CoreLoop:
                 raise WorkerDied(f"step {batch.step} took over {self.cfg.step_timeout}s")
 
     def publish(self, events: list) -> None:
-        rids, tokens, finished = I32(), I32(), []
+        fids, tokens, finished = I32(), I32(), []
         for ev in events:
-            rid = self.rid_of.get(ev.id)
-            if rid is None:
+            fid = self.fid_of.get(ev.id)
+            if fid is None:
                 continue
             if isinstance(ev, TokenEvent):
-                rids.append(rid)
+                fids.append(fid)
                 tokens.append(ev.token)
             elif isinstance(ev, Finished):
-                finished.append([rid, ev.reason.value])
-                del self.rid_of[ev.id], self.id_of[rid]
-        if rids or finished:
-            self.send(StepEvents(rids=rids, tokens=tokens, finished=finished))
+                finished.append([fid, ev.reason.value])
+                del self.fid_of[ev.id], self.seq_of[fid]
+        if fids or finished:
+            self.send(StepEvents(fids=fids, tokens=tokens, finished=finished))
 
     def stats(self) -> dict:
         st = self.engine.sched.stats()

@@ -133,13 +133,13 @@ class Scheduler:
             raise NeverFits(need, total)
         if len(self._waiting) >= cfg.max_waiting:
             raise QueueFull(cfg.max_waiting)
-        rid = self._next_id
+        seq_id = self._next_id
         self._next_id += 1
-        r = _Req(rid, tokens, req.max_tokens, cfg.max_model_len,
+        r = _Req(seq_id, tokens, req.max_tokens, cfg.max_model_len,
                  self._key(req.priority, self._steps), self._steps)
-        self._reqs[rid] = r
+        self._reqs[seq_id] = r
         r.handle = self._waiting.push(r.rank, r)
-        return rid
+        return seq_id
 
     def abort(self, id: RequestId) -> None:
         """Drop a running or waiting request and free its blocks. Emits no event; unknown

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import sqlite_utils
 
+from core.logrecords import Gap, InputRecord, StepRecord, columns
 from core.logwriter import CHECKPOINT_S, Writer, say
 
 FORMAT = 2  # bump when the tables or the state hash change meaning
@@ -33,13 +34,10 @@ SCHEMA = {
     "requests": ({"id": int, "client_request_id": str, "arrival_step": int,
                   "prompt_tokens": str, "max_tokens": int, "priority": int, "sampling": str,
                   "finish_step": int, "finish_reason": str, "output_tokens": str}, "id"),
-    "inputs": ({"step": int, "seq": int, "kind": str, "request_id": int}, ("step", "seq")),
-    "steps": ({"step": int, "wall_time": float, "duration_ms": float, "schedule": str,
-               "outputs": str, "free_blocks": int, "running": int, "waiting": int,
-               "hash": str}, "step"),
+    **{r.table: (columns(r), r.key) for r in (InputRecord, StepRecord)},
 }
 # Logs made before gaps existed lack this table; readers take its absence for no gaps.
-GAPS = ({"first_step": int, "last_step": int, "records": int, "reason": str}, "first_step")
+GAPS = (columns(Gap), Gap.key)
 
 
 def create(path: str) -> sqlite_utils.Database:
@@ -53,16 +51,6 @@ def create(path: str) -> sqlite_utils.Database:
     for name, (columns, pk) in {**SCHEMA, "gaps": GAPS}.items():
         db[name].create(columns, pk=pk)
     return db
-
-
-@dataclass
-class Gap:
-    """Steps first_step..last_step, and the inputs and finishes queued with them, were
-    dropped (--log-errors serve, the log unwritable for too long)."""
-    first_step: int
-    last_step: int
-    reason: str
-    records: int = 0
 
 
 class StepLog:
@@ -114,22 +102,22 @@ class StepLog:
 
     # ---- called by the engine, on the step loop's thread
 
-    def add_request(self, rid, client_request_id, arrival, req, sampling, ignore_eos):
+    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos):
         doc = {**asdict(sampling), "ignore_eos": ignore_eos}
-        self._pending.append(("req", (rid, client_request_id, arrival, list(req.prompt),
+        self._pending.append(("req", (seq_id, request_id, arrival, list(req.prompt),
                                       req.max_tokens, req.priority, doc)))
 
-    def input(self, step, kind, rid):
+    def input(self, step, kind, seq_id):
         # Inputs arrive in step order, so one counter for the current step suffices.
         if step != self._seq_step:
             self._seq_step, self._seq_n = step, 0
-        self._pending.append(("in", (step, self._seq_n, kind, rid)))
+        self._pending.append(("in", InputRecord(step, self._seq_n, kind, seq_id)))
         self._seq_n += 1
 
-    def finish(self, rid, step, reason, output_tokens):
-        self._pending.append(("fin", (rid, step, reason, list(output_tokens or ()))))
+    def finish(self, seq_id, step, reason, output_tokens):
+        self._pending.append(("fin", (seq_id, step, reason, list(output_tokens or ()))))
 
-    def step(self, record) -> None:
+    def step(self, record: StepRecord) -> None:
         self._pending.append(("step", record))
         batch, self._pending = self._pending, []
         records = len(batch) + len(record.outputs)
@@ -163,7 +151,7 @@ class StepLog:
         if gap is None:
             if problem is None or self.backlog + records <= self.max_backlog:
                 return False
-            self._gap = gap = Gap(step, step, problem)
+            self._gap = gap = Gap(first_step=step, last_step=step, records=0, reason=problem)
             say(f"{problem}: {self.backlog} records wait; serving on without logging"
                 f" (--log-errors serve) from step {step}; the gap will be recorded")
         elif problem is None:

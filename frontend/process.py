@@ -69,7 +69,7 @@ class Frontend:
         self._eos_ids: frozenset[int] = frozenset()
         self._pids: dict[str, int] = {}   # core and worker, from CoreReady
         self.inflight = Inflight()
-        self._next_rid = 0
+        self._next_fid = 0
         self._next_qid = 0
         self._stats_waiters: dict[int, bytes] = {}
         self._stop_signals = 0
@@ -196,11 +196,11 @@ class Frontend:
             check_prompt_ids(ids, self.info)
         except InvalidRequest as e:
             return self._error(ident, msg.request_id, e.code, str(e))
-        st = RequestState(ident, msg.request_id, self._next_rid, list(ids),
+        st = RequestState(ident, msg.request_id, self._next_fid, list(ids),
                           self.tokenizer.decode, list(msg.stop or ()),
                           self._eos_ids, msg.ignore_eos)
-        self._next_rid += 1
-        add = AddRequest(st.rid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
+        self._next_fid += 1
+        add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
                          SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed),
                          msg.ignore_eos)
         if not self._to_core(add):
@@ -237,7 +237,7 @@ class Frontend:
 
     def _abort(self, st: RequestState, *, tell_client: bool) -> None:
         self.inflight.remove(st)
-        self._to_core(AbortRequest(st.rid))
+        self._to_core(AbortRequest(st.fid))
         if tell_client:
             self.router.send(st.ident, st.step([], "abort").delta)
 
@@ -268,7 +268,7 @@ class Frontend:
         if isinstance(msg, StepEvents):
             self._on_events(msg)
         elif isinstance(msg, Rejected):
-            st = self.inflight.by_rid(msg.rid)
+            st = self.inflight.by_fid(msg.fid)
             if st is not None:
                 self.inflight.remove(st)
                 self._error(st.ident, st.request_id, msg.code, msg.message)
@@ -278,15 +278,15 @@ class Frontend:
             self._on_ready(msg)
 
     def _on_events(self, ev: StepEvents) -> None:
-        for rid, tokens, reason in group_events(ev):
-            st = self.inflight.by_rid(rid)
+        for fid, tokens, reason in group_events(ev):
+            st = self.inflight.by_fid(fid)
             if st is None:
                 continue  # finished or aborted here already
             out = st.step(tokens, reason)
             if out.done:
                 self.inflight.remove(st)
             if out.abort_core:
-                self._to_core(AbortRequest(rid))
+                self._to_core(AbortRequest(fid))
             self._send_delta(st.ident, out.delta)
 
     def _on_core_stats(self, msg: CoreStats) -> None:

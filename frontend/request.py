@@ -19,7 +19,7 @@ class StepOutcome:
 class RequestState:
     ident: bytes          # the client's ROUTER identity
     request_id: str
-    rid: int
+    fid: int              # its key on the wire to the core
     prompt_ids: list[int]
     decode: Decode
     stop: list[str] = field(default_factory=list)

@@ -2,11 +2,14 @@
 requests (a request missing from one, or changed), then the inputs."""
 from __future__ import annotations
 
+from dataclasses import fields
 from itertools import zip_longest
 
+from core.logrecords import StepRecord, is_clock
 from replay.logfile import LogFile
 
-FIELDS = ("schedule", "outputs", "free_blocks", "running", "waiting", "hash")
+# What a step did (not when, nor how long): the same inputs give the same values.
+FIELDS = tuple(f.name for f in fields(StepRecord) if not is_clock(f) and f.name != StepRecord.key)
 
 
 def first_difference(a: LogFile, b: LogFile) -> str | None:
@@ -26,13 +29,13 @@ def _steps(a: LogFile, b: LogFile) -> str | None:
 
 
 def _requests(a: LogFile, b: LogFile) -> str | None:
-    for rid in sorted(a.requests.keys() | b.requests.keys()):
-        ra, rb = a.requests.get(rid), b.requests.get(rid)
+    for seq_id in sorted(a.requests.keys() | b.requests.keys()):
+        ra, rb = a.requests.get(seq_id), b.requests.get(seq_id)
         if ra is None or rb is None:
-            return f"request {rid}: only {(b if ra is None else a).path} has it"
+            return f"request {seq_id}: only {(b if ra is None else a).path} has it"
         diffs = [f"  {k}: {ra[k]!r} != {rb[k]!r}" for k in ra if ra[k] != rb[k]]
         if diffs:
-            return f"request {rid} differs:\n" + "\n".join(diffs)
+            return f"request {seq_id} differs:\n" + "\n".join(diffs)
     return None
 
 

@@ -7,13 +7,12 @@ import os
 import sqlite3
 from contextlib import contextmanager
 
+from core.logrecords import Gap, InputRecord, StepRecord, select_sql
 from core.steplog import FORMAT, GAPS, SCHEMA
 from replay.damage import DamagedLog
-from replay.rows import StepRow, check_meta, gap_message, input_row, request_row, step_row
+from replay.rows import check_meta, gap_message, input_row, request_row, step_row
 
-__all__ = ["DamagedLog", "LogFile", "StepRow"]
-
-STEP_COLUMNS = "step, wall_time, duration_ms, schedule, outputs, free_blocks, running, waiting, hash"
+__all__ = ["DamagedLog", "LogFile", "StepRecord"]
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -85,8 +84,7 @@ class LogFile:
     def _check_gaps(self) -> None:
         if "gaps" not in self._tables():
             return  # a log from before gaps were recorded
-        row = self.conn.execute("SELECT first_step, last_step, records, reason FROM gaps"
-                                " ORDER BY first_step").fetchone()
+        row = self.conn.execute(select_sql(Gap)).fetchone()
         if row is not None:
             raise DamagedLog(f"{self.path}: incomplete step log: {gap_message(*row)}")
 
@@ -101,10 +99,9 @@ class LogFile:
 
     def _inputs(self) -> dict[int, list[tuple[str, int | None]]]:
         out: dict[int, list] = {}
-        for row in self.conn.execute("SELECT step, seq, kind, request_id FROM inputs"
-                                     " ORDER BY step, seq"):
-            step, kind, rid = input_row(*row, self.requests)
-            out.setdefault(step, []).append((kind, rid))
+        for row in self.conn.execute(select_sql(InputRecord)):
+            step, kind, seq_id = input_row(*row, self.requests)
+            out.setdefault(step, []).append((kind, seq_id))
         return out
 
     def num_steps(self) -> int:
@@ -112,9 +109,9 @@ class LogFile:
             return self.conn.execute("SELECT count(*) FROM steps").fetchone()[0]
 
     def steps(self):
-        """Every StepRow in step order."""
+        """Every StepRecord in step order."""
         with self._reading():
-            for row in self.conn.execute(f"SELECT {STEP_COLUMNS} FROM steps ORDER BY step"):
+            for row in self.conn.execute(select_sql(StepRecord)):
                 yield step_row(row, self.requests)
 
     def version_warnings(self) -> list[str]:

@@ -8,26 +8,26 @@ COLORS = {"waiting": "#d9d9d9", "running": "#3b7dd8", "preempted": "#e4572e"}
 
 def lanes(log: LogFile) -> dict[int, list[tuple[int, int, str]]]:
     """Per request, (start_step, end_step, state) segments: waiting / running / preempted."""
-    state: dict[int, tuple[str, int]] = {rid: ("waiting", r["arrival_step"])
-                                          for rid, r in log.requests.items()}
-    segs: dict[int, list] = {rid: [] for rid in log.requests}
+    state: dict[int, tuple[str, int]] = {seq_id: ("waiting", r["arrival_step"])
+                                          for seq_id, r in log.requests.items()}
+    segs: dict[int, list] = {seq_id: [] for seq_id in log.requests}
 
-    def move(rid: int, new: str, step: int) -> None:
-        old, since = state.get(rid, ("waiting", step))
+    def move(seq_id: int, new: str, step: int) -> None:
+        old, since = state.get(seq_id, ("waiting", step))
         if old != new:
-            segs.setdefault(rid, []).append((since, step, old))
-            state[rid] = (new, step)
+            segs.setdefault(seq_id, []).append((since, step, old))
+            state[seq_id] = (new, step)
 
     for row in log.steps():
-        for rid, start, _, _ in row.schedule["prefill"]:
+        for seq_id, start, _, _ in row.schedule["prefill"]:
             if start == 0:
-                move(rid, "running", row.step)
-        for rid in row.schedule["preempted"]:
-            move(rid, "preempted", row.step)
-    for rid, r in log.requests.items():
+                move(seq_id, "running", row.step)
+        for seq_id in row.schedule["preempted"]:
+            move(seq_id, "preempted", row.step)
+    for seq_id, r in log.requests.items():
         end = r["finish_step"] if r["finish_step"] is not None else log.num_steps()
-        old, since = state[rid]
-        segs[rid].append((since, end, old))
+        old, since = state[seq_id]
+        segs[seq_id].append((since, end, old))
     return segs
 
 
@@ -41,7 +41,7 @@ def plot(log: LogFile, out: str) -> None:
     rows = list(log.steps())
     fig, (ax, kv, bt) = plt.subplots(3, 1, figsize=(12, 8), sharex=True,
                                      gridspec_kw={"height_ratios": [4, 1, 1]})
-    for lane, (rid, segs) in enumerate(sorted(lanes(log).items())):
+    for lane, (seq_id, segs) in enumerate(sorted(lanes(log).items())):
         for start, end, st in segs:
             ax.broken_barh([(start, max(end - start, 0.5))], (lane - 0.4, 0.8),
                            color=COLORS[st], linewidth=0)

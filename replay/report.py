@@ -11,9 +11,9 @@ SPARK = " .:-=+*#%@"
 def _first_admission(log: LogFile) -> dict[int, int]:
     first: dict[int, int] = {}
     for row in log.steps():
-        for rid, start, _, _ in row.schedule["prefill"]:
+        for seq_id, start, _, _ in row.schedule["prefill"]:
             if start == 0:
-                first.setdefault(rid, row.step)
+                first.setdefault(seq_id, row.step)
     return first
 
 
@@ -45,9 +45,9 @@ def summary(log: LogFile) -> str:
              f"          |{_spark(used)}|",
              "wait (steps from arrival to first admission) by priority:"]
     waits = defaultdict(list)
-    for rid, r in reqs.items():
-        if rid in first:
-            waits[r["priority"]].append(first[rid] - r["arrival_step"])
+    for seq_id, r in reqs.items():
+        if seq_id in first:
+            waits[r["priority"]].append(first[seq_id] - r["arrival_step"])
     for prio in sorted(waits, reverse=True):
         w = waits[prio]
         lines.append(f"  priority {prio:>5}: n={len(w):<5} mean {sum(w) / len(w):7.1f}  max {max(w)}")
@@ -65,21 +65,21 @@ def _count(reqs: dict, key: str) -> dict:
     return out
 
 
-def request_life(log: LogFile, rid: int) -> str:
-    r = log.requests.get(rid)
+def request_life(log: LogFile, seq_id: int) -> str:
+    r = log.requests.get(seq_id)
     if r is None:
-        return f"request {rid}: not in this log"
-    lines = [f"request {rid} (client id {r['client_request_id']!r}), priority {r['priority']},"
+        return f"request {seq_id}: not in this log"
+    lines = [f"request {seq_id} (client id {r['client_request_id']!r}), priority {r['priority']},"
              f" prompt {len(r['prompt_tokens'])} tokens, max_tokens {r['max_tokens']},"
              f" sampling {r['sampling']}",
              f"  step {r['arrival_step']:>6}: arrived"]
     for row in log.steps():
         for c in row.schedule["prefill"]:
-            if c[0] == rid:
+            if c[0] == seq_id:
                 what = "admitted, " if c[1] == 0 else ""
                 lines.append(f"  step {row.step:>6}: {what}prefill chunk {c[1]}..{c[1] + c[2]}"
                              + (" (last)" if c[3] else ""))
-        if rid in row.schedule["preempted"]:
+        if seq_id in row.schedule["preempted"]:
             lines.append(f"  step {row.step:>6}: preempted")
     out = r["output_tokens"] or []
     lines.append(f"  step {r['finish_step'] if r['finish_step'] is not None else '?':>6}: "

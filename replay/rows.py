@@ -1,9 +1,10 @@
 """A step log's rows and meta, read with their types checked (replay/damage.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from operator import itemgetter
 
+from core.logrecords import StepRecord, is_json
 from core.sched import SchedPolicy, SchedulerConfig
 from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
                            optional, parsed, rows, text)
@@ -15,19 +16,6 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
-
-
-@dataclass
-class StepRow:
-    step: int
-    wall_time: float
-    duration_ms: float
-    schedule: dict
-    outputs: list
-    free_blocks: int
-    running: int
-    waiting: int
-    hash: str
 
 
 def check_meta(meta: dict) -> dict:
@@ -64,13 +52,13 @@ def _check_sched_config(sc: dict) -> None:
 
 
 def request_row(r: dict) -> dict:
-    rid = integer(r["id"], "a request id", 0)
-    w = f"request {rid}:"
+    seq_id = integer(r["id"], "a request id", 0)
+    w = f"request {seq_id}:"
     prompt = int_list(parsed(r["prompt_tokens"], f"{w} prompt_tokens"), f"{w} prompt_tokens", 0)
     if not prompt:
         raise DamagedLog(f"{w} empty prompt")
     out = r["output_tokens"]
-    return {"id": rid,
+    return {"id": seq_id,
             "client_request_id": optional(text, r["client_request_id"], f"{w} client_request_id"),
             "arrival_step": integer(r["arrival_step"], f"{w} arrival_step", 0),
             "prompt_tokens": prompt,
@@ -93,32 +81,35 @@ def _sampling(doc, where: str) -> dict:
     return doc
 
 
-def input_row(step, seq, kind, rid, requests: dict) -> tuple[int, str, int | None]:
+def input_row(step, seq, kind, seq_id, requests: dict) -> tuple[int, str, int | None]:
     step = integer(step, "an input's step", 0)
     w = f"input {seq} before step {step}"
     one_of(kind, f"{w} kind", INPUT_KINDS)
     if kind == "restart":
         return step, kind, None
-    if rid not in requests:
-        raise DamagedLog(f"{w} ({kind}) names request {_name(rid)}, which the requests"
+    if seq_id not in requests:
+        raise DamagedLog(f"{w} ({kind}) names request {_name(seq_id)}, which the requests"
                          " table lacks")
-    return step, kind, rid
+    return step, kind, seq_id
 
 
-def step_row(row: tuple, requests: dict) -> StepRow:
-    step = integer(row[0], "a step number", 0)
+def step_row(row: tuple, requests: dict) -> StepRecord:
+    """A steps row, its columns in StepRecord's order, with every value checked: the step
+    number, then the JSON columns' shapes and the ids they name, then the other columns."""
+    v = dict(zip(_STEP_NAMES, row))
+    step = integer(v[StepRecord.key], "a step number", 0)
     w = f"step {step}:"
-    schedule = _schedule(parsed(row[3], f"{w} schedule"), f"{w} schedule")
-    outputs = rows(parsed(row[4], f"{w} outputs"), f"{w} outputs", (int, int, bool))
+    for name, shape in _STEP_JSON:
+        v[name] = shape(parsed(v[name], f"{w} {name}"), f"{w} {name}")
+    schedule, outputs = v["schedule"], v["outputs"]
     ids = set(map(_FIRST, schedule["prefill"])).union(
         schedule["decode"], schedule["preempted"], map(_FIRST, outputs))
     missing = ids.difference(requests)
     if missing:
         raise DamagedLog(f"{w} names request {min(missing)}, which the requests table lacks")
-    return StepRow(step, number(row[1], f"{w} wall_time"), number(row[2], f"{w} duration_ms"),
-                   schedule, outputs, integer(row[5], f"{w} free_blocks", 0),
-                   integer(row[6], f"{w} running", 0), integer(row[7], f"{w} waiting", 0),
-                   text(row[8], f"{w} hash"))
+    for name, read in _STEP_SCALARS:
+        read(v[name], f"{w} {name}")
+    return StepRecord(**v)
 
 
 def _schedule(doc, where: str) -> dict:
@@ -129,10 +120,24 @@ def _schedule(doc, where: str) -> dict:
     return doc
 
 
+def _outputs(doc, where: str) -> list:
+    return rows(doc, where, (int, int, bool))
+
+
+# How step_row reads each column of StepRecord: a JSON column by its shape, any other by
+# its type (the integers are counts or step numbers: never negative).
+_SHAPES = {"schedule": _schedule, "outputs": _outputs}
+_READERS = {int: lambda v, where: integer(v, where, 0), float: number, str: text}
+_STEP_NAMES = [f.name for f in fields(StepRecord)]
+_STEP_JSON = [(f.name, _SHAPES[f.name]) for f in fields(StepRecord) if is_json(f)]
+_STEP_SCALARS = [(f.name, _READERS[f.type]) for f in fields(StepRecord)
+                 if not is_json(f) and f.name != StepRecord.key]
+
+
 def gap_message(first, last, records, reason) -> str:
     return (f"steps {first}..{last} were not logged ({records} records dropped: {reason});"
             " replay cannot go past them")
 
 
-def _name(rid) -> str:
-    return str(rid) if type(rid) is int else repr(rid)
+def _name(v) -> str:
+    return str(v) if type(v) is int else repr(v)

@@ -13,8 +13,9 @@ from core.batch import sampled_ids
 from core.config import engine_from_meta
 from core.engine import schedule_json
 from core.ipc.protocol import SamplingParams
+from core.logrecords import StepRecord
 from core.sched import AdmitError, Request
-from replay.logfile import LogFile, StepRow
+from replay.logfile import LogFile
 from replay.progress import Progress
 
 
@@ -36,22 +37,22 @@ class Verdict:
 
 
 def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
-    for kind, rid in log.inputs.get(step, ()):
+    for kind, seq_id in log.inputs.get(step, ()):
         if kind == "add":
-            r = log.requests[rid]
+            r = log.requests[seq_id]
             s = dict(r["sampling"])
             ignore_eos = s.pop("ignore_eos", False)
             try:
                 got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"]),
                                  SamplingParams(**s), ignore_eos=ignore_eos,
-                                 client_request_id=r["client_request_id"] or "")
+                                 request_id=r["client_request_id"] or "")
             except AdmitError as e:
-                return Divergence(step, "input", [f"request {rid} was refused: {e!r}"])
-            if got != rid:
-                return Divergence(step, "input", [f"add gave id {got}, the log says {rid}"])
+                return Divergence(step, "input", [f"request {seq_id} was refused: {e!r}"])
+            if got != seq_id:
+                return Divergence(step, "input", [f"add gave id {got}, the log says {seq_id}"])
         elif kind == "abort":
-            if not engine.abort(rid):
-                return Divergence(step, "input", [f"request {rid} was not running to abort"])
+            if not engine.abort(seq_id):
+                return Divergence(step, "input", [f"request {seq_id} was not running to abort"])
         elif kind == "restart":
             engine.restart()
     return None
@@ -65,7 +66,7 @@ def _diff_schedule(got: dict, want: dict) -> list[str]:
     return out
 
 
-def _check_step(engine, row: StepRow, runner) -> Divergence | None:
+def _check_step(engine, row: StepRecord, runner) -> Divergence | None:
     batch = engine.plan(build=runner is not None)
     got = schedule_json(engine.last_schedule)
     if got != row.schedule:

@@ -108,10 +108,10 @@ class FakeCore:
 
     def add_of(self, request_id: str, timeout: float = 5.0) -> AddRequest | None:
         return self.wait_for(lambda m: isinstance(m, AddRequest)
-                             and m.client_request_id == request_id, timeout)
+                             and m.request_id == request_id, timeout)
 
-    def abort_of(self, rid: int, timeout: float = 5.0) -> AbortRequest | None:
-        return self.wait_for(lambda m: isinstance(m, AbortRequest) and m.rid == rid, timeout)
+    def abort_of(self, fid: int, timeout: float = 5.0) -> AbortRequest | None:
+        return self.wait_for(lambda m: isinstance(m, AbortRequest) and m.fid == fid, timeout)
 
     # ------------------------------------------------------------ core side
 
@@ -151,38 +151,38 @@ class FakeCore:
         if isinstance(msg, AddRequest):
             self._on_add(msg, push)
         elif isinstance(msg, AbortRequest):
-            self._running.pop(msg.rid, None)
+            self._running.pop(msg.fid, None)
         elif isinstance(msg, StatsQuery):
             push.send(CoreStats(msg.qid, self._stats()))
 
     def _on_add(self, add: AddRequest, push: Channel) -> None:
         text = bytes(t for t in add.prompt if t < 256).decode("utf-8", "replace")
         if text.startswith("reject"):
-            push.send(Rejected(add.rid, 429, "waiting queue full"))
+            push.send(Rejected(add.fid, 429, "waiting queue full"))
             return
         script = [] if text.startswith("hang") else list(add.prompt) + [EOS]
         period = SLOW_S if text.startswith("slow") else 0.0
-        self._running[add.rid] = _Running(add, script, period, time.monotonic() + period)
+        self._running[add.fid] = _Running(add, script, period, time.monotonic() + period)
 
     def _step(self, push: Channel) -> None:
         now = time.monotonic()
-        rids, tokens, finished = [], [], []
-        for rid, r in list(self._running.items()):
+        fids, tokens, finished = [], [], []
+        for fid, r in list(self._running.items()):
             if not r.script or now < r.next_at:
                 continue
             tok = r.script[r.produced % len(r.script)]
             r.produced += 1
             r.next_at = now + r.period
-            rids.append(rid)
+            fids.append(fid)
             tokens.append(tok)
             reason = ("stop" if tok == EOS and not r.add.ignore_eos
                       else "length" if r.produced >= r.add.max_tokens else None)
             if reason:
-                finished.append([rid, reason])
-                del self._running[rid]
-        if rids:
+                finished.append([fid, reason])
+                del self._running[fid]
+        if fids:
             self.steps += 1
-            push.send(StepEvents(I32(rids), I32(tokens), finished))
+            push.send(StepEvents(I32(fids), I32(tokens), finished))
 
     def _stats(self) -> dict:
         return {"running": len(self._running), "waiting": 0, "free_blocks": 100,
@@ -273,10 +273,10 @@ class Engine:
     core: FakeCore
     fe: FrontendProc
 
-    def rid(self, request_id: str) -> int:
+    def fid(self, request_id: str) -> int:
         add = self.core.add_of(request_id)
         assert add is not None, f"the core never saw {request_id}"
-        return add.rid
+        return add.fid
 
 
 @contextmanager

@@ -54,26 +54,26 @@ class FakeModel:
             self._write(sched, ch.id, ch.start, toks[ch.start:ch.start + ch.length])
             if ch.last:
                 res.append(self._sample(sched, ch.id, len(toks)))
-        for rid in out.decode:
-            toks = sched.tokens(rid)
-            self._write(sched, rid, len(toks) - 1, toks[-1:])
-            res.append(self._sample(sched, rid, len(toks)))
+        for seq_id in out.decode:
+            toks = sched.tokens(seq_id)
+            self._write(sched, seq_id, len(toks) - 1, toks[-1:])
+            res.append(self._sample(sched, seq_id, len(toks)))
         return res
 
-    def _slot(self, sched: Scheduler, rid: int, pos: int) -> int:
+    def _slot(self, sched: Scheduler, seq_id: int, pos: int) -> int:
         B = sched.blocks.block_tokens()
-        table = sched.blocks.block_table(rid)
-        assert pos // B < len(table), f"request {rid}: position {pos} has no block"
+        table = sched.blocks.block_table(seq_id)
+        assert pos // B < len(table), f"request {seq_id}: position {pos} has no block"
         return table[pos // B] * B + pos % B
 
-    def _write(self, sched: Scheduler, rid: int, start: int, toks: Sequence[int]) -> None:
+    def _write(self, sched: Scheduler, seq_id: int, start: int, toks: Sequence[int]) -> None:
         for i, t in enumerate(toks):
-            self.kv[self._slot(sched, rid, start + i)] = t
+            self.kv[self._slot(sched, seq_id, start + i)] = t
 
-    def _sample(self, sched: Scheduler, rid: int, n: int) -> StepOutput:
-        seq = [self.kv.get(self._slot(sched, rid, p), _UNWRITTEN) for p in range(n)]
+    def _sample(self, sched: Scheduler, seq_id: int, n: int) -> StepOutput:
+        seq = [self.kv.get(self._slot(sched, seq_id, p), _UNWRITTEN) for p in range(n)]
         t = next_token(seq, self.vocab)
-        return StepOutput(rid, t, stop=(t == self.eos))
+        return StepOutput(seq_id, t, stop=(t == self.eos))
 
 
 @dataclass
@@ -99,9 +99,9 @@ def run(sched: Scheduler, fake: FakeModel, max_steps: int, arrivals: Arrivals | 
     res = RunResult()
     for step in range(max_steps):
         for req in arrive(step):
-            rid = sched.add(req)
-            res.ids.append(rid)
-            res.outputs[rid] = []
+            seq_id = sched.add(req)
+            res.ids.append(seq_id)
+            res.outputs[seq_id] = []
         if until_idle and not sched.has_unfinished() and step > last_arrival:
             break
         before = {e[0]: e for e in sched.snapshot()[6]}
@@ -150,23 +150,24 @@ def check_schedule(sched: Scheduler, out: ScheduleOutput, before: dict) -> None:
     running = {e[0]: e for e in sched.snapshot()[6]}
     assert len(running) <= cfg.max_seqs
     B = sched.blocks.block_tokens()
-    for rid in out.decode:
-        _, n, c, table = running[rid]
-        assert n - c == 1 and len(table) * B >= n, (rid, n, c, table)
+    for seq_id in out.decode:
+        _, n, c, table = running[seq_id]
+        assert n - c == 1 and len(table) * B >= n, (seq_id, n, c, table)
     for ch in out.prefill:
         _, n, c, table = running[ch.id]
         assert ch.start == c and len(table) * B >= ch.start + ch.length, (ch, running[ch.id])
         if ch.id in before and ch.id not in out.preempted:
             assert before[ch.id][2] == c
-    for rid in out.preempted:
-        assert rid not in running or rid in {ch.id for ch in out.prefill}
+    for seq_id in out.preempted:
+        assert seq_id not in running or seq_id in {ch.id for ch in out.prefill}
 
 
 def check_blocks(sched: Scheduler) -> None:
     """free + held == total, no block held twice, only running requests hold blocks."""
     blocks = sched.blocks
     running = {e[0] for e in sched.snapshot()[6]}
-    held = [b for rid in sched.unfinished() for b in blocks.block_table(rid)]
+    held = [b for seq_id in sched.unfinished() for b in blocks.block_table(seq_id)]
     assert len(held) == len(set(held)), "a block is held twice"
-    assert all(not blocks.block_table(rid) for rid in sched.unfinished() if rid not in running)
+    assert all(not blocks.block_table(seq_id) for seq_id in sched.unfinished()
+               if seq_id not in running)
     assert blocks.free_blocks() + len(held) == blocks.total_blocks()

@@ -56,9 +56,9 @@ def test_abort_and_abandon(engine):
             async for _ in c.stream("slow abcdefgh", max_tokens=100, request_id="a-leave"):
                 break
             await asyncio.sleep(0.05)  # the dropped generator's aclose runs on the loop
-            for rid in ("a-abort", "a-leave"):
-                got = await asyncio.to_thread(engine.core.abort_of, engine.rid(rid))
-                assert got is not None, rid
+            for request_id in ("a-abort", "a-leave"):
+                got = await asyncio.to_thread(engine.core.abort_of, engine.fid(request_id))
+                assert got is not None, request_id
 
     run(main())
 

@@ -43,8 +43,8 @@ def loop(tmp_path):
         ctx.term()
 
 
-def add(loop: CoreLoop, rid: int, prompt: list[int]) -> None:
-    loop.add(AddRequest(rid, f"r{rid}", I32(prompt), 8, 0, SamplingParams()))
+def add(loop: CoreLoop, fid: int, prompt: list[int]) -> None:
+    loop.add(AddRequest(fid, f"r{fid}", I32(prompt), 8, 0, SamplingParams()))
 
 
 def test_a_step_that_cannot_be_built_fails_only_its_requests(loop, monkeypatch):
@@ -57,7 +57,7 @@ def test_a_step_that_cannot_be_built_fails_only_its_requests(loop, monkeypatch):
         return real(step, out, sched, sampling)
     monkeypatch.setattr(core.engine, "build_batch", poisoned)
     loop.step()
-    assert not loop.engine.sched.has_unfinished() and loop.id_of == {}
+    assert not loop.engine.sched.has_unfinished() and loop.seq_of == {}
     add(loop, 1, [4, 5, 6])          # the engine serves on
     batch = loop.engine.plan()
     assert list(batch.seq_ids) == [1]

@@ -58,7 +58,7 @@ def test_not_ready_then_ready_then_drain(tmp_path, held_core):
         stream = streamer.stream("slow drain", max_tokens=100)
         first = next(stream)
         straggler.send_msg(Generate("never", "hang forever"))
-        rid = core.add_of("never").rid
+        fid = core.add_of("never").fid
         fe.signal()
         assert core.wait_for(lambda m: isinstance(m, Drain)) is not None
         with pytest.raises(ClientError) as e:
@@ -70,7 +70,7 @@ def test_not_ready_then_ready_then_drain(tmp_path, held_core):
         assert rest[-1].finish_reason == "stop"
         end = straggler.recv(timeout=10)
         assert isinstance(end, Delta) and end.finish_reason == "abort"
-        assert core.abort_of(rid) is not None
+        assert core.abort_of(fid) is not None
         assert fe.proc.wait(10) == 0, fe.stderr()
     finally:
         for c in clients:

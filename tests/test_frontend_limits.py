@@ -29,7 +29,7 @@ def test_the_frontend_says_hello_first(engine):
 
 def adds(engine, prefix: str) -> int:
     with engine.core._cv:
-        return sum(isinstance(m, AddRequest) and m.client_request_id.startswith(prefix)
+        return sum(isinstance(m, AddRequest) and m.request_id.startswith(prefix)
                    for m in engine.core.received)
 
 

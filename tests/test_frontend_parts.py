@@ -81,7 +81,7 @@ def test_group_events_orders_and_validates():
 
 
 def state(**kw) -> RequestState:
-    args = dict(ident=b"c", request_id="r", rid=0, prompt_ids=[104, 105],
+    args = dict(ident=b"c", request_id="r", fid=0, prompt_ids=[104, 105],
                 decode=lambda ids: bytes(ids).decode("utf-8", "replace"),
                 eos_ids=frozenset({256}))
     return RequestState(**{**args, **kw})

@@ -82,7 +82,7 @@ def test_stop_string_cuts_and_aborts_at_the_core(engine, client):
     r = client.generate("hello world and more", max_tokens=100, stop="world",
                         request_id="stop-1")
     assert r.text == "hello " and r.finish_reason == "stop"
-    assert engine.core.abort_of(engine.rid("stop-1")) is not None
+    assert engine.core.abort_of(engine.fid("stop-1")) is not None
 
 
 def test_earliest_of_several_stops_wins(client):
@@ -104,28 +104,28 @@ def test_abort_ends_the_stream(engine, client):
     rest = list(s)
     assert rest[-1].finish_reason == "abort"
     assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) < 13
-    assert engine.core.abort_of(engine.rid("abort-1")) is not None
+    assert engine.core.abort_of(engine.fid("abort-1")) is not None
 
 
 def test_abandoned_stream_sends_abort(engine, client):
     s = client.stream("slow abcdefgh", max_tokens=100, request_id="leave-1")
     next(s)
     s.close()
-    assert engine.core.abort_of(engine.rid("leave-1")) is not None
+    assert engine.core.abort_of(engine.fid("leave-1")) is not None
     s = client.stream("slow abcdefgh", max_tokens=100, request_id="leave-2")
     next(s)
     del s
     gc.collect()
-    assert engine.core.abort_of(engine.rid("leave-2")) is not None
+    assert engine.core.abort_of(engine.fid("leave-2")) is not None
     assert client.generate("after").text == "after"
 
 
 def test_client_that_disappears_is_aborted(engine):
     r = RawClient(engine.address)
     r.send_msg(Generate("gone-1", "hang on"))
-    rid = engine.rid("gone-1")
+    fid = engine.fid("gone-1")
     r.close()
-    assert engine.core.abort_of(rid, timeout=5) is not None
+    assert engine.core.abort_of(fid, timeout=5) is not None
 
 
 def test_client_timeout_is_503_and_aborts(engine):
@@ -133,7 +133,7 @@ def test_client_timeout_is_503_and_aborts(engine):
         with pytest.raises(ClientError) as e:
             c.generate("hang please", request_id="slow-1")
     assert e.value.code == 503
-    assert engine.core.abort_of(engine.rid("slow-1")) is not None
+    assert engine.core.abort_of(engine.fid("slow-1")) is not None
 
 
 # ---------------------------------------------------------------- errors
@@ -220,7 +220,7 @@ def test_duplicate_request_id_is_400(engine, raw, client):
 
 
 def test_junk_from_the_core_is_dropped(engine, client):
-    for frame in (b"junk", msgpack.packb({"t": "events", "rids": b"\x01", "tokens": b"",
+    for frame in (b"junk", msgpack.packb({"t": "events", "fids": b"\x01", "tokens": b"",
                                           "finished": []}),
                   encode(StepEvents(I32([1, 2]), I32([5]), [])),
                   encode(StepEvents(I32([10 ** 6]), I32([5]), [[10 ** 6, "stop"]])),

@@ -27,9 +27,9 @@ def valid_frames() -> list[bytes]:
         P.Generate(request_id="f", prompt="hello", max_tokens=3, stop=["x"]),
         P.Generate(request_id="g", prompt=[1, 2, 3], max_tokens=2, temperature=0.5, seed=3),
         P.Abort(request_id="f"), P.Stats(), P.Ping(),
-        P.AddRequest(rid=1, client_request_id="x", prompt=P.I32([1, 2]), max_tokens=2,
+        P.AddRequest(fid=1, request_id="x", prompt=P.I32([1, 2]), max_tokens=2,
                      priority=0, sampling=P.SamplingParams()),
-        P.StepEvents(rids=P.I32([1]), tokens=P.I32([2]), finished=[[1, "stop"]]))]
+        P.StepEvents(fids=P.I32([1]), tokens=P.I32([2]), finished=[[1, "stop"]]))]
 
 
 def mutate(rng: random.Random, frame: bytes) -> bytes:
@@ -196,12 +196,12 @@ def test_many_clients_racing_aborts_and_finishes(group):
         rng = random.Random(k)
         with Client(group.address, timeout=60) as c:
             for j in range(8):
-                rid = f"r{k}-{j}"
+                request_id = f"r{k}-{j}"
                 it = c.stream([k, j, 3], max_tokens=rng.randint(1, 8), ignore_eos=True,
-                              request_id=rid)
+                              request_id=request_id)
                 for n, d in enumerate(it):
                     if n == rng.randint(0, 3):
-                        c.abort(rid)
+                        c.abort(request_id)
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
     for t in threads:
         t.start()

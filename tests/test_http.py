@@ -254,9 +254,9 @@ def admissions(log: Path) -> dict[int, int]:
     first: dict[int, int] = {}
     with sqlite3.connect(f"file:{log}?mode=ro", uri=True) as conn:
         for step, sched in conn.execute("SELECT step, schedule FROM steps ORDER BY step"):
-            for rid, start, _, _ in json.loads(sched)["prefill"]:
+            for seq_id, start, _, _ in json.loads(sched)["prefill"]:
                 if start == 0:
-                    first.setdefault(rid, step)
+                    first.setdefault(seq_id, step)
     return first
 
 

@@ -185,8 +185,8 @@ def test_plot_lanes_cover_each_request(logs):
     assert set(segs) == set(log.requests)
     states = {s for ss in segs.values() for _, _, s in ss}
     assert {"waiting", "running", "preempted"} <= states
-    for rid, ss in segs.items():
-        assert ss[0][0] == log.requests[rid]["arrival_step"]
+    for seq_id, ss in segs.items():
+        assert ss[0][0] == log.requests[seq_id]["arrival_step"]
         assert all(a <= b for a, b, _ in ss)
 
 

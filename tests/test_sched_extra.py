@@ -21,22 +21,22 @@ def test_chunked_prefill_same_outputs_within_budget(max_chunk, chunks):
     first = [ch for out in res.schedules for ch in out.prefill if ch.id == 0]
     assert len(first) == chunks and [ch.last for ch in first] == [False] * (chunks - 1) + [True]
     assert [ch.start for ch in first] == [sum(c.length for c in first[:i]) for i in range(chunks)]
-    for rid, req in zip(res.ids, reqs):
-        assert res.outputs[rid] == expect(sched, req)[0]
+    for seq_id, req in zip(res.ids, reqs):
+        assert res.outputs[seq_id] == expect(sched, req)[0]
 
 
 def test_only_the_last_chunk_samples():
     sched = make(64, 4, max_batch_tokens=4, prefill=Chunked(4))
-    rid = sched.add(Request(prompt(10), 3))
+    seq_id = sched.add(Request(prompt(10), 3))
     out = sched.schedule()
-    assert out.prefill == [Chunk(rid, 0, 4, False)]
-    assert sched.on_step([StepOutput(rid, 5)]) == []  # a non-last chunk samples nothing
-    assert len(sched.tokens(rid)) == 10
-    assert sched.schedule().prefill == [Chunk(rid, 4, 4, False)]
+    assert out.prefill == [Chunk(seq_id, 0, 4, False)]
+    assert sched.on_step([StepOutput(seq_id, 5)]) == []  # a non-last chunk samples nothing
+    assert len(sched.tokens(seq_id)) == 10
+    assert sched.schedule().prefill == [Chunk(seq_id, 4, 4, False)]
     sched.on_step([])
-    assert sched.schedule().prefill == [Chunk(rid, 8, 2, True)]
-    assert sched.on_step([StepOutput(rid, 5)]) == [TokenEvent(rid, 5)]
-    assert sched.schedule().decode == [rid]
+    assert sched.schedule().prefill == [Chunk(seq_id, 8, 2, True)]
+    assert sched.on_step([StepOutput(seq_id, 5)]) == [TokenEvent(seq_id, 5)]
+    assert sched.schedule().decode == [seq_id]
 
 
 def test_decodes_beyond_the_budget_wait_in_rank_order():
@@ -133,12 +133,13 @@ def test_the_last_request_preempts_itself():
 
 def test_context_limit_finishes_with_length_and_stop_wins():
     sched = make(16, 4, max_model_len=6)
-    rid = sched.add(Request(prompt(4), 50))
+    seq_id = sched.add(Request(prompt(4), 50))
     res = run(sched, FakeModel(), 20)
-    assert len(res.outputs[rid]) == 2 and res.reasons[rid] == LENGTH
-    rid = sched.add(Request(prompt(5), 50))
+    assert len(res.outputs[seq_id]) == 2 and res.reasons[seq_id] == LENGTH
+    seq_id = sched.add(Request(prompt(5), 50))
     sched.schedule()
-    assert sched.on_step([StepOutput(rid, 3, stop=True)])[-1] == Finished(rid, FinishReason.STOP)
+    stop = sched.on_step([StepOutput(seq_id, 3, stop=True)])[-1]
+    assert stop == Finished(seq_id, FinishReason.STOP)
 
 
 BAD = [
@@ -162,14 +163,14 @@ def test_bad_input_raises_invalid_request_and_changes_nothing(req):
 
 def test_abort_is_idempotent_and_ignores_unknown_ids():
     sched = make(8, 4)
-    rid = sched.add(Request(prompt(5), 3))
+    seq_id = sched.add(Request(prompt(5), 3))
     sched.schedule()
-    sched.abort(rid)
+    sched.abort(seq_id)
     state = sched.stats(), sched.snapshot()
-    for junk in (rid, 99, -1, "x", None, [1]):
+    for junk in (seq_id, 99, -1, "x", None, [1]):
         sched.abort(junk)
     assert (sched.stats(), sched.snapshot()) == state and state[0].finished == 1
-    assert sched.on_step([StepOutput(rid, 4)]) == []  # aborted mid-step: its output is dropped
+    assert sched.on_step([StepOutput(seq_id, 4)]) == []  # aborted mid-step: its output is dropped
     assert sched.blocks.free_blocks() == 8
 
 
@@ -197,9 +198,9 @@ def test_preempt_all_requeues_everything_and_keeps_outputs():
     assert (s.running, s.waiting, s.free_blocks, s.preemptions) == (0, 5, 32, 4)
     assert sched.on_step([StepOutput(i, 1) for i in running]) == []
     after = run(sched, fake, 200)  # the same fake: stale KV must be recomputed, not reused
-    for rid, req in enumerate(reqs):
-        got = before.outputs.get(rid, []) + after.outputs.get(rid, [])
-        assert got == expect(sched, req)[0] and after.reasons[rid] == LENGTH
+    for seq_id, req in enumerate(reqs):
+        got = before.outputs.get(seq_id, []) + after.outputs.get(seq_id, [])
+        assert got == expect(sched, req)[0] and after.reasons[seq_id] == LENGTH
 
 
 def test_config_is_validated():

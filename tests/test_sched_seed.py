@@ -115,10 +115,10 @@ def test_every_request_finishes_and_no_block_leaks(reqs, block, extra, max_seqs,
     target(float(sched.stats().preemptions))
     assert not sched.has_unfinished(), "a request never finished"
     added = [r for at in sorted(arrivals) for r in arrivals[at]]
-    for rid, req in zip(res.ids, added):
+    for seq_id, req in zip(res.ids, added):
         toks, reason = expect(sched, req)
-        assert res.outputs[rid] == toks and res.reasons[rid] == reason
-        assert sched.tokens(rid) is None
+        assert res.outputs[seq_id] == toks and res.reasons[seq_id] == reason
+        assert sched.tokens(seq_id) is None
     s = sched.stats()
     assert s.free_blocks == s.total_blocks and s.running == s.waiting == 0
     assert s.finished == len(reqs)
@@ -164,10 +164,10 @@ def test_preemption_recomputes_and_keeps_outputs():
     (tight, preemptions), (roomy, none) = results[14], results[64]
     assert preemptions > 0 and none == 0
     assert tight.outputs == roomy.outputs and tight.reasons == roomy.reasons
-    for rid, req in zip(tight.ids, reqs):
-        assert tight.outputs[rid] == expect(sched, req)[0]
+    for seq_id, req in zip(tight.ids, reqs):
+        assert tight.outputs[seq_id] == expect(sched, req)[0]
     # a preempted request is prefilled again with its generated tokens, from position 0
-    victims = {rid for out in tight.schedules for rid in out.preempted}
+    victims = {seq_id for out in tight.schedules for seq_id in out.preempted}
     refills = [ch for out in tight.schedules for ch in out.prefill
                if ch.id in victims and ch.length > len(reqs[ch.id].prompt)]
     assert victims and refills and all(ch.start == 0 for ch in refills)
@@ -176,9 +176,10 @@ def test_preemption_recomputes_and_keeps_outputs():
 def test_batched_greedy_equals_single_request():
     reqs = [Request(prompt(3 + 2 * i, i), 6 + i, 0) for i in range(4)]
     batched = run(make(max_seqs=4, max_batch_tokens=32), FakeModel(), 200, {0: reqs})
-    for rid, req in zip(batched.ids, reqs):
+    for seq_id, req in zip(batched.ids, reqs):
         alone = run(make(max_seqs=1), FakeModel(), 200, {0: [req]})
-        assert batched.outputs[rid] == alone.outputs[0] and len(alone.outputs[0]) == req.max_tokens
+        assert batched.outputs[seq_id] == alone.outputs[0]
+        assert len(alone.outputs[0]) == req.max_tokens
 
 
 def test_abort_frees_blocks_and_drops_waiting():
@@ -218,21 +219,21 @@ def test_decodes_count_against_the_budget(size, admitted):
 
 def test_stop_finishes_with_stop():
     sched = make(8, 4)
-    rid = sched.add(Request(prompt(3), 5))
+    seq_id = sched.add(Request(prompt(3), 5))
     sched.schedule()
-    events = sched.on_step([StepOutput(rid, 7, stop=True)])
-    assert events == [TokenEvent(rid, 7), Finished(rid, STOP)]
-    assert sched.tokens(rid) is None and sched.blocks.free_blocks() == 8
+    events = sched.on_step([StepOutput(seq_id, 7, stop=True)])
+    assert events == [TokenEvent(seq_id, 7), Finished(seq_id, STOP)]
+    assert sched.tokens(seq_id) is None and sched.blocks.free_blocks() == 8
     # STOP wins when max_tokens is reached by the same token
-    rid = sched.add(Request(prompt(3), 1))
+    seq_id = sched.add(Request(prompt(3), 1))
     sched.schedule()
-    assert sched.on_step([StepOutput(rid, 9, stop=True)])[-1] == Finished(rid, STOP)
+    assert sched.on_step([StepOutput(seq_id, 9, stop=True)])[-1] == Finished(seq_id, STOP)
     # through the fake model: EOS as the third token ends the answer there
     req = Request(prompt(4, 5), 10)
     eos = expect(sched, req)[0][2]
     res = run(sched, FakeModel(eos=eos), 50, {0: [req]})
-    (rid,) = res.ids
-    assert res.outputs[rid] == expect(sched, req)[0][:3] and res.reasons[rid] == STOP
+    (seq_id,) = res.ids
+    assert res.outputs[seq_id] == expect(sched, req)[0][:3] and res.reasons[seq_id] == STOP
 
 
 def test_admission_refuses_what_can_never_run():

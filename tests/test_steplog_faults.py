@@ -222,8 +222,8 @@ def test_core_refuses_new_requests_and_aborts_those_in_flight(tmp_path, monkeypa
     log = StepLog(str(tmp_path / "steps.db"), log_meta(cfg, INFO), max_backlog=200)
     loop.engine, loop.info, loop.log = engine_for(log), INFO, log
 
-    def add(rid: int) -> None:
-        loop.add(AddRequest(rid, "", I32([5, 6, 7]), 200, 0, SamplingParams(), True))
+    def add(fid: int) -> None:
+        loop.add(AddRequest(fid, "", I32([5, 6, 7]), 200, 0, SamplingParams(), True))
 
     def answer() -> Rejected:
         assert frontend.poll(5000)
@@ -239,14 +239,14 @@ def test_core_refuses_new_requests_and_aborts_those_in_flight(tmp_path, monkeypa
         while log.abort_reason() is None:
             loop.engine.step()
         loop.shed()
-        got = sorted([answer(), answer()], key=lambda r: r.rid)
-        assert [(r.rid, r.code) for r in got] == [(1, 503), (2, 503)]
+        got = sorted([answer(), answer()], key=lambda r: r.fid)
+        assert [(r.fid, r.code) for r in got] == [(1, 503), (2, 503)]
         assert got[0].message.startswith("step log: database or disk is full; ")
-        assert not loop.engine.sched.has_unfinished() and not loop.rid_of
+        assert not loop.engine.sched.has_unfinished() and not loop.fid_of
         disk.full = False
         wait_until(lambda: log.problem is None, what="recovery")
         add(4)
-        assert list(loop.id_of) == [4]
+        assert list(loop.seq_of) == [4]
         loop.engine.run()
     finally:
         loop.close()

@@ -57,9 +57,9 @@ def run_engine(runner, reqs, *, blocks=None, max_chunk=None, max_seqs=16,
     policy = Chunked(max_chunk) if max_chunk else None
     sched = Scheduler(cfg, FreeListBlocks(info.block_size, ids), policy)
     eng = Engine(sched, runner, eos_ids=info.eos_ids)
-    rids = [eng.add(Request(list(p), n), sp, ignore_eos=True) for p, n, sp in reqs]
+    seq_ids = [eng.add(Request(list(p), n), sp, ignore_eos=True) for p, n, sp in reqs]
     out = eng.run()
-    return [out[r] for r in rids], sched.stats()
+    return [out[r] for r in seq_ids], sched.stats()
 
 
 def alone(runner, prompt, n, sp=GREEDY, **kw) -> list[int]:

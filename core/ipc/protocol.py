@@ -96,8 +96,8 @@ class Pong:
 
 @message("add")
 class AddRequest:
-    rid: int                      # the frontend's key for the request
-    client_request_id: str
+    fid: int                      # the frontend's key for the request
+    request_id: str               # the client's
     prompt: I32
     max_tokens: int
     priority: int
@@ -107,7 +107,7 @@ class AddRequest:
 
 @message("abort_req")
 class AbortRequest:
-    rid: int
+    fid: int
 
 
 @message("stats_query")
@@ -130,17 +130,17 @@ class Drain:
 
 @message("rejected")
 class Rejected:
-    rid: int
+    fid: int
     code: int
     message: str
 
 
 @message("events")
 class StepEvents:
-    """One step's output for the frontend: token i of the step belongs to rids[i]."""
-    rids: I32
+    """One step's output for the frontend: token i of the step belongs to fids[i]."""
+    fids: I32
     tokens: I32
-    finished: list[list[Any]]     # [[rid, reason], ...], reason "stop" | "length" | "abort"
+    finished: list[list[Any]]     # [[fid, reason], ...], reason "stop" | "length" | "abort"
 
 
 @message("core_stats")

@@ -95,10 +95,10 @@ class AsyncClient:
     # ------------------------------------------------------------ plumbing
 
     async def _stream(self, msg: Generate) -> AsyncIterator[Delta]:
-        rid = msg.request_id
-        if rid in self._queues:
-            raise duplicate_error(rid)
-        queue = self._queues[rid] = asyncio.Queue()
+        request_id = msg.request_id
+        if request_id in self._queues:
+            raise duplicate_error(request_id)
+        queue = self._queues[request_id] = asyncio.Queue()
         done = False
         try:
             await self._send(msg)
@@ -107,9 +107,9 @@ class AsyncClient:
                 done = ends(item)
                 yield settle(item)
         finally:
-            self._queues.pop(rid, None)
+            self._queues.pop(request_id, None)
             if not done and not self._closed:
-                await self._send(Abort(rid))
+                await self._send(Abort(request_id))
 
     async def _next(self, queue: asyncio.Queue):
         try:

@@ -261,17 +261,17 @@ def _timed_ms(fn, reps: int) -> float:
 
 
 def step_events(events: list):
-    """The StepEvents the core publishes for a step's scheduler events (rid = id here)."""
+    """The StepEvents the core publishes for a step's scheduler events (fid = seq_id here)."""
     from core.ipc.protocol import I32, StepEvents
     from core.sched import Finished, TokenEvent
-    rids, toks, fin = I32(), I32(), []
+    fids, toks, fin = I32(), I32(), []
     for ev in events:
         if isinstance(ev, TokenEvent):
-            rids.append(ev.id)
+            fids.append(ev.id)
             toks.append(ev.token)
         elif isinstance(ev, Finished):
             fin.append([ev.id, ev.reason.value])
-    return StepEvents(rids=rids, tokens=toks, finished=fin)
+    return StepEvents(fids=fids, tokens=toks, finished=fin)
 
 
 def codec_ms(fb, events: list, reps: int = 200) -> dict:

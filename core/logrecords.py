@@ -1,0 +1,130 @@
+"""The step log's rows as records: one dataclass per table that a run appends rows to.
+
+A record's fields, in order, are its table's columns (names and order pinned, docs/DESIGN.md
+"Step log columns"); a field's annotation is its column's type, and `json_column()` marks
+a value stored as JSON text. Everything else derives from the class: core/steplog.py makes
+the tables from `columns`, core/logsql.py writes a record with `insert_sql` and `values`,
+and replay (replay/logfile.py, replay/rows.py) reads with `select_sql` and builds the same
+class back, so that a column is named here once.
+
+The requests table (written in two parts, at admission and at the finish) and meta keep
+their columns in core/steplog.py. The column names are the log's, not the code's:
+inputs.request_id, like requests.id, holds the scheduler's seq_id.
+
+No imports beyond the standard library: the engine, the writer thread and replay all use it.
+"""
+import json
+from dataclasses import dataclass, field, fields
+from functools import cache
+from types import UnionType
+from typing import ClassVar
+
+_JSON, _CLOCK = "json", "clock"
+
+
+def json_column():
+    """A field stored as JSON text (a dict or list in the record)."""
+    return field(metadata={_JSON: True})
+
+
+def clock_column():
+    """A field that says when or how long, not what happened: two runs of the same
+    inputs differ in it (replay/diff.py ignores it)."""
+    return field(metadata={_CLOCK: True})
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step (schedule -> forward -> on_step). schedule: {"prefill": [[seq_id, start,
+    length, last], ...], "decode": [seq_ids], "preempted": [seq_ids]}; outputs: [[seq_id,
+    token, stop], ...] in the worker's row order (empty for an abandoned step)."""
+    table: ClassVar[str] = "steps"
+    key: ClassVar[str] = "step"
+
+    step: int
+    wall_time: float = clock_column()
+    duration_ms: float = clock_column()   # plan to commit
+    schedule: dict = json_column()
+    outputs: list = json_column()
+    free_blocks: int
+    running: int
+    waiting: int
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """An external input, applied before step `step` (the seq-th of them there); kind
+    "add" | "abort" | "restart"; request_id is the seq_id (None for a restart)."""
+    table: ClassVar[str] = "inputs"
+    key: ClassVar[tuple] = ("step", "seq")
+
+    step: int
+    seq: int
+    kind: str
+    request_id: int | None
+
+
+@dataclass(slots=True)
+class Gap:
+    """Steps first_step..last_step, and the inputs and finishes queued with them, were
+    dropped (--log-errors serve, the log unwritable for too long). Grows while it lasts.
+    Logs made before gaps existed lack this table; readers take its absence for no gaps."""
+    table: ClassVar[str] = "gaps"
+    key: ClassVar[str] = "first_step"
+
+    first_step: int
+    last_step: int
+    records: int
+    reason: str
+
+
+def is_json(f) -> bool:
+    return f.metadata.get(_JSON, False)
+
+
+def is_clock(f) -> bool:
+    return f.metadata.get(_CLOCK, False)
+
+
+def _sql_type(f) -> type:
+    if is_json(f):
+        return str
+    if isinstance(f.type, UnionType):  # int | None: a column that may hold NULL
+        (t,) = (a for a in f.type.__args__ if a is not type(None))
+        return t
+    return f.type
+
+
+def columns(cls) -> dict[str, type]:
+    """The table's columns and their types, in order (for sqlite_utils' create)."""
+    return {f.name: _sql_type(f) for f in fields(cls)}
+
+
+def column_list(cls) -> str:
+    """"a, b, c": the columns, in order, for a SELECT or an INSERT."""
+    return ", ".join(f.name for f in fields(cls))
+
+
+@cache
+def select_sql(cls) -> str:
+    """Every row of the table, in key order."""
+    key = (cls.key,) if isinstance(cls.key, str) else cls.key
+    return f"SELECT {column_list(cls)} FROM {cls.table} ORDER BY {', '.join(key)}"
+
+
+@cache
+def insert_sql(cls) -> str:
+    n = len(fields(cls))
+    return f"INSERT INTO {cls.table} ({column_list(cls)}) VALUES ({','.join('?' * n)})"
+
+
+@cache
+def _encoders(cls) -> tuple:
+    return tuple((f.name, json.dumps if is_json(f) else None) for f in fields(cls))
+
+
+def values(record) -> tuple:
+    """The record as the row `insert_sql` takes (JSON columns encoded)."""
+    return tuple(getattr(record, name) if enc is None else enc(getattr(record, name))
+                 for name, enc in _encoders(type(record)))
