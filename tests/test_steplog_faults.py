@@ -159,8 +159,7 @@ def test_the_db_file_alone_holds_the_committed_steps(tmp_path):
     """A kill -9 whose -wal file is lost: the checkpoints put the steps in the .db."""
     path = tmp_path / "steps.db"
     script = textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(ROOT)!r})
+        import time
         from tests.logfaults import engine_for, new_log, run_steps, wait_until
         log = new_log({str(path)!r}, checkpoint_s=0.2)
         engine = engine_for(log)
@@ -169,7 +168,8 @@ def test_the_db_file_alone_holds_the_committed_steps(tmp_path):
         print(engine.step_no, flush=True)
         time.sleep(60)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)   # the child imports tests.logfaults from there
     try:
         steps = int(proc.stdout.readline())
         wait_until(lambda: count(path) == steps, what="the commits")
