@@ -61,6 +61,9 @@ class CoreLoop:
         self.wk_in = Channel(ctx, zmq.PULL, cfg.worker_in, bind=True,
                              accept=(WorkerReady, StepResult), max_bytes=1 << 30)
         self.wk_out = Channel(ctx, zmq.PUSH, cfg.worker_out, bind=True, max_bytes=1 << 30)
+        self._step_poll = zmq.Poller()   # a step waits on the worker and reads inputs
+        self._step_poll.register(self.wk_in.sock, zmq.POLLIN)
+        self._step_poll.register(self.fe_in.sock, zmq.POLLIN)
         self.engine: Engine | None = None
         self.fid_of: dict[int, int] = {}   # seq_id (the scheduler's) -> fid (the frontend's)
         self.seq_of: dict[int, int] = {}   # fid -> seq_id
@@ -174,10 +177,9 @@ class CoreLoop:
         elif isinstance(msg, Hello):
             self.hello(msg)
         elif isinstance(msg, AbortRequest):
-            seq_id = self.seq_of.pop(msg.fid, None)
+            seq_id = self.seq_of.get(msg.fid)
             if seq_id is not None:
-                self.fid_of.pop(seq_id, None)
-                self.engine.abort(seq_id)
+                self.drop(seq_id)
         elif isinstance(msg, StatsQuery):
             self.send(CoreStats(qid=msg.qid, stats=self.stats()))
 
@@ -185,9 +187,7 @@ class CoreLoop:
         """A new frontend: the requests of the one before it have nobody to answer to."""
         orphans = list(self.seq_of.values())
         for seq_id in orphans:
-            self.engine.abort(seq_id)
-        self.seq_of.clear()
-        self.fid_of.clear()
+            self.drop(seq_id)
         if orphans:
             _log(f"frontend {msg.pid} connected: aborted {len(orphans)} request(s) of the one before")
         self.announce()
@@ -217,11 +217,8 @@ class CoreLoop:
         if why is None or not self.fid_of:
             return
         _log(f"aborting {len(self.fid_of)} request(s): {why}")
-        for fid in self.fid_of.values():
-            self.send(Rejected(fid=fid, code=503, message=why))
-        self.engine.abort_all()
-        self.fid_of.clear()
-        self.seq_of.clear()
+        for seq_id in list(self.fid_of):
+            self.drop(seq_id, Rejected(fid=0, code=503, message=why))
 
     def step(self) -> None:
         try:
@@ -244,21 +241,25 @@ class CoreLoop:
         suspects = [*out.decode, *(c.id for c in out.prefill)]
         _log(f"step failed ({e!r}): failing request(s) {sorted(set(suspects))}")
         for seq_id in dict.fromkeys(suspects):
-            fid = self.fid_of.pop(seq_id, None)
-            self.engine.abort(seq_id)
-            if fid is not None:
-                del self.seq_of[fid]
-                self.send(Rejected(fid=fid, code=500, message=f"internal error: {e!r}"))
+            self.drop(seq_id, Rejected(fid=0, code=500, message=f"internal error: {e!r}"))
+
+    def drop(self, seq_id: int, reply: Rejected | None = None) -> None:
+        """Abort a request (logged) and forget it; `reply` (its fid filled in here) tells
+        the frontend why, when the frontend did not ask for the abort itself."""
+        fid = self.fid_of.pop(seq_id, None)
+        self.engine.abort(seq_id)
+        if fid is not None:
+            del self.seq_of[fid]
+            if reply is not None:
+                reply.fid = fid
+                self.send(reply)
 
     def forward(self, batch) -> I32:
         """The worker's tokens for `batch`; WorkerDied if it dies or hangs meanwhile."""
         self.wk_out.send(batch)
         deadline = time.monotonic() + self.cfg.step_timeout
-        poller = zmq.Poller()
-        poller.register(self.wk_in.sock, zmq.POLLIN)
-        poller.register(self.fe_in.sock, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll(int(WORKER_CHECK_S * 1000)))
+            ready = dict(self._step_poll.poll(int(WORKER_CHECK_S * 1000)))
             if self.fe_in.sock in ready:
                 self.collect_inputs()
             if self.wk_in.sock in ready:
