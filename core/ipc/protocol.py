@@ -5,7 +5,7 @@ pairs bound by the core). `encode`/`decode` and the packed arrays are re-exporte
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError, decode,  # noqa: F401
@@ -15,10 +15,25 @@ from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError
 
 @dataclass
 class SamplingParams:
+    """How a request's tokens are drawn; logged with the request (replay rebuilds them).
+    Penalties and min_tokens are functions of the request's tokens so far and these
+    fields, so sampling stays stateless (docs/DESIGN.md#sampling)."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0                    # EOS and stop_token_ids are banned before this
+    stop_token_ids: list[int] | None = None
+    logprobs: int | None = None            # None: none; k: the chosen token's and top k
+
+    @property
+    def penalized(self) -> bool:
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
 
 
 @dataclass
@@ -49,6 +64,17 @@ class Generate:
     stop: list[str] | None = None
     priority: int = 0
     ignore_eos: bool = False
+    logprobs: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    add_special_tokens: bool = True        # a text prompt is tokenized as tokenizer(text)
+    user: str | None = None
 
 
 @message("abort")
@@ -73,6 +99,9 @@ class Delta:
     token_ids: list[int]
     finish_reason: str | None = None
     prompt_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None    # one per token_ids entry, when asked
+    top_logprobs: list[Any] | None = None  # per token: [[token id, logprob], ...]
+    metrics: dict | None = None            # on the last delta (docs/DESIGN.md#request-metrics)
 
 
 @message("error")
@@ -103,11 +132,20 @@ class AddRequest:
     priority: int
     sampling: SamplingParams
     ignore_eos: bool = False
+    user: str | None = None
 
 
 @message("abort_req")
 class AbortRequest:
     fid: int
+
+
+@message("stop_req")
+class StopRequest:
+    """A stop string ended the request after its first num_tokens generated tokens: the
+    core finishes it with reason "stop" (its later tokens, if any, are dropped)."""
+    fid: int
+    num_tokens: int
 
 
 @message("stats_query")
@@ -140,7 +178,9 @@ class StepEvents:
     """One step's output for the frontend: token i of the step belongs to fids[i]."""
     fids: I32
     tokens: I32
-    finished: list[list[Any]]     # [[fid, reason], ...], reason "stop" | "length" | "abort"
+    finished: list[list[Any]]     # [[fid, reason, metrics], ...], reason "stop" | "length" | "abort"
+    logprobs: F64 = field(default_factory=F64)          # empty, or one per token (NaN: not asked)
+    top_logprobs: list[Any] = field(default_factory=list)  # empty, or per token None | [[id, lp], ...]
 
 
 @message("core_stats")
@@ -169,6 +209,13 @@ class ForwardBatch:
     sample_rows lists the sequences whose last query token is sampled, in output order;
     row j samples with temperature[j], top_p[j], top_k[j], seeds[j] and is the
     gen_index[j]-th generated token of its request.
+
+    The logits processors' columns are each either empty (no row of the step uses the
+    feature) or one entry per sample row: min_p; presence, frequency and repetition
+    penalties over row j's tokens history[history_start[j]:history_start[j+1]] (prompt and
+    generated, its first history_prompt[j] are the prompt; rows without penalties have an
+    empty range); banned token ids banned[banned_start[j]:banned_start[j+1]] (min_tokens);
+    logprobs[j] = -1 (none) or k (the chosen token's log-probability and the top k).
     """
     step: int
     seq_ids: I32
@@ -185,6 +232,16 @@ class ForwardBatch:
     top_k: I32
     seeds: I64
     gen_index: I32
+    min_p: F64 = field(default_factory=F64)
+    presence: F64 = field(default_factory=F64)
+    frequency: F64 = field(default_factory=F64)
+    repetition: F64 = field(default_factory=F64)
+    history: I32 = field(default_factory=I32)
+    history_start: I32 = field(default_factory=I32)
+    history_prompt: I32 = field(default_factory=I32)
+    banned: I32 = field(default_factory=I32)
+    banned_start: I32 = field(default_factory=I32)
+    logprobs: I32 = field(default_factory=I32)
 
     @property
     def num_seqs(self) -> int:
@@ -197,8 +254,15 @@ class ForwardBatch:
 
 @message("step_result")
 class StepResult:
+    """tokens: one per sample row, in sample_rows order. When the batch asked for logprobs:
+    logprobs has one per sample row (NaN where the row did not ask), and the top
+    alternatives of each asking row (k = batch.logprobs[j] of them, rows in order) are
+    flattened into top_ids / top_logprobs."""
     step: int
-    tokens: I32                   # one per sample row, in sample_rows order
+    tokens: I32
+    logprobs: F64 = field(default_factory=F64)
+    top_ids: I32 = field(default_factory=I32)
+    top_logprobs: F64 = field(default_factory=F64)
 
 
 @message("worker_ready")
