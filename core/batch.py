@@ -25,12 +25,12 @@ def slots(tables: Sequence[Sequence[int]], positions: Sequence[int], block_size:
 def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
            tables: Sequence[Sequence[int]], num_decode: int, spans: Sequence[tuple[int, int]],
            rows: Sequence[int], params: Sequence[SamplingParams],
-           gen_index: Sequence[int]) -> ForwardBatch:
+           gen_index: Sequence[int], banned: Sequence[Sequence[int]] = ()) -> ForwardBatch:
     """Sequence i has tokens[i] and block table tables[i]. The first num_decode query one
     token, their last (position len - 1); each later one queries positions [start, end) of
     spans[i - num_decode] and has `end` tokens in cache afterwards. Sample row j is
-    sequence rows[j], sampled with params[j] as generated token number gen_index[j].
-    Tables are padded with 0 to the widest."""
+    sequence rows[j], sampled with params[j] as generated token number gen_index[j], never
+    drawing a token of banned[j] (empty: no bans). Tables are padded with 0 to the widest."""
     dec = tokens[:num_decode]
     ctx = [len(t) for t in dec]
     ids = [t[-1] for t in dec]
@@ -47,7 +47,7 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         q += end - start
         qstart.append(q)
     width = max(map(len, tables), default=0)
-    return ForwardBatch(
+    batch = ForwardBatch(
         step=step, seq_ids=I32(seq_ids), input_ids=I32(ids), positions=I32(pos),
         slot_mapping=I32(slots(tok_tables, pos, block_size)), query_start=I32(qstart),
         context_lens=I32(ctx),
@@ -57,13 +57,49 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         top_k=I32([p.top_k for p in params]),
         seeds=I64([p.seed if p.seed is not None else 0 for p in params]),
         gen_index=I32(gen_index))
+    if any(p.min_p or p.penalized or p.logprobs is not None for p in params) or any(banned):
+        ends = [len(t) for t in dec] + [end for _, end in spans]
+        _processors(batch, [tokens[r][:ends[r]] for r in rows], params, gen_index, banned)
+    return batch
 
 
-def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams]) -> ForwardBatch:
+def _processors(b: ForwardBatch, history: Sequence[Sequence[int]],
+                params: Sequence[SamplingParams], gen_index: Sequence[int],
+                banned: Sequence[Sequence[int]]) -> None:
+    """The logits processors' columns (see ForwardBatch), each only when some row uses it.
+    history[j] is row j's tokens up to its query end: prompt, then gen_index[j] generated."""
+    if any(p.min_p for p in params):
+        b.min_p = F64([p.min_p for p in params])
+    if any(p.penalized for p in params):
+        b.presence = F64([p.presence_penalty for p in params])
+        b.frequency = F64([p.frequency_penalty for p in params])
+        b.repetition = F64([p.repetition_penalty for p in params])
+        kept = [h if p.penalized else () for h, p in zip(history, params)]
+        b.history = I32(chain.from_iterable(kept))
+        b.history_start = I32(_offsets(kept))
+        b.history_prompt = I32([len(h) - g if h else 0 for h, g in zip(kept, gen_index)])
+    if any(banned):
+        b.banned = I32(chain.from_iterable(banned))
+        b.banned_start = I32(_offsets(banned))
+    if any(p.logprobs is not None for p in params):
+        b.logprobs = I32([-1 if p.logprobs is None else p.logprobs for p in params])
+
+
+def _offsets(lists: Sequence[Sequence[int]]) -> list[int]:
+    out = [0]
+    for x in lists:
+        out.append(out[-1] + len(x))
+    return out
+
+
+def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
+                stop_ids: Mapping[int, Sequence[int]] | None = None) -> ForwardBatch:
     """Decodes first (one query token at position n-1), then prefill chunks in order.
 
     A decode and a chunk with `last` sample; the sampled token is the request's k-th
     generated token, k = len(tokens) - prompt_len (what stateless seeding keys on).
+    stop_ids[id]: the tokens that would end request id (EOS, stop_token_ids), banned
+    while it has fewer than its min_tokens generated tokens.
     """
     n_dec = len(out.decode)
     seq_ids = [*out.decode, *(ch.id for ch in out.prefill)]
@@ -72,10 +108,15 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams]) -
     rows = list(range(n_dec)) + [n_dec + i for i, ch in enumerate(out.prefill) if ch.last]
     sample_ids = [seq_ids[r] for r in rows]
     prompt_len = sched.prompt_len
+    params = [sampling.get(r, GREEDY) for r in sample_ids]
+    gen = [len(toks[r]) - prompt_len(i) for r, i in zip(rows, sample_ids)]
+    banned = ()
+    if stop_ids is not None and any(p.min_tokens for p in params):
+        banned = [stop_ids.get(i, ()) if g < p.min_tokens else ()
+                  for i, p, g in zip(sample_ids, params, gen)]
     return layout(step, sched.blocks.block_tokens(), seq_ids, toks, [table(r) for r in seq_ids],
-                n_dec, [(ch.start, ch.start + ch.length) for ch in out.prefill], rows,
-                [sampling.get(r, GREEDY) for r in sample_ids],
-                [len(toks[r]) - prompt_len(i) for r, i in zip(rows, sample_ids)])
+                  n_dec, [(ch.start, ch.start + ch.length) for ch in out.prefill], rows,
+                  params, gen, banned)
 
 
 def sampled_ids(out) -> list[int]:
