@@ -22,3 +22,10 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 # A request_id comes back in every delta: a long one multiplies every reply's size.
 MAX_REQUEST_ID_CHARS = 256
+# OpenAI's bounds for logprobs (top alternatives per token) and the two OpenAI penalties;
+# repetition_penalty divides positive logits, so it must be positive (1 = off).
+MAX_LOGPROBS = 20
+MAX_PENALTY = 2.0
+MAX_REPETITION_PENALTY = 10.0
+MAX_STOP_TOKEN_IDS = 64
+MAX_USER_CHARS = 256

@@ -11,8 +11,10 @@ import math
 from typing import Sequence
 
 from core.ipc.protocol import Generate, ModelInfo
-from frontend.limits import (INT32_MAX, MAX_PRIORITY, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS,
-                             MAX_STOPS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_LIMIT)
+from frontend.limits import (INT32_MAX, MAX_LOGPROBS, MAX_PENALTY, MAX_PRIORITY,
+                             MAX_REPETITION_PENALTY, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS,
+                             MAX_STOP_TOKEN_IDS, MAX_STOPS, MAX_TEMPERATURE, MAX_USER_CHARS,
+                             MIN_TEMPERATURE, SEED_LIMIT)
 
 
 class InvalidRequest(ValueError):
@@ -37,8 +39,8 @@ def check_params(msg: Generate, info: ModelInfo | None = None) -> None:
 
 
 def check_fields(req, max_model_len: int | None = None, vocab_size: int | None = None) -> None:
-    """The sampling and scheduling fields of `req`: a Generate or anything with the same
-    attributes (max_tokens, temperature, top_p, top_k, seed, stop, priority)."""
+    """The sampling and scheduling fields of `req`: a Generate (or anything with its
+    attributes)."""
     _int_in("max_tokens", req.max_tokens, 1, max_model_len or INT32_MAX)
     _temperature(req.temperature)
     if not 0 < req.top_p <= 1:  # NaN fails too
@@ -49,6 +51,32 @@ def check_fields(req, max_model_len: int | None = None, vocab_size: int | None =
         _int_in("seed", req.seed, 0, SEED_LIMIT - 1)
     if req.stop is not None:
         _stops(req.stop)
+    _processors(req, vocab_size)
+
+
+def _processors(req, vocab_size: int | None) -> None:
+    if req.logprobs is not None:
+        _int_in("logprobs", req.logprobs, 0, MAX_LOGPROBS)
+    _real_in("min_p", req.min_p, 0.0, 1.0)
+    _real_in("presence_penalty", req.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+    _real_in("frequency_penalty", req.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+    if not 0 < req.repetition_penalty <= MAX_REPETITION_PENALTY:
+        raise InvalidRequest(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
+                             f"got {req.repetition_penalty}", "repetition_penalty")
+    _int_in("min_tokens", req.min_tokens, 0, req.max_tokens)
+    ids = req.stop_token_ids or ()
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidRequest(f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, "
+                             f"got {len(ids)}", "stop_token_ids")
+    for t in ids:
+        _int_in("stop_token_ids", t, 0, (vocab_size or INT32_MAX + 1) - 1)
+    if req.user is not None and len(req.user) > MAX_USER_CHARS:
+        raise InvalidRequest(f"user must be at most {MAX_USER_CHARS} characters", "user")
+
+
+def _real_in(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:  # NaN fails too
+        raise InvalidRequest(f"{name} must be in [{lo:g}, {hi:g}], got {value}", name)
 
 
 def _int_in(name: str, value: int, lo: int, hi: int) -> None:

@@ -33,28 +33,52 @@ class Result:
     token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    logprobs: list[float] | None = None            # with logprobs=N: one per token_ids entry
+    top_logprobs: list[dict[int, float]] | None = None
+    metrics: dict | None = None                    # on a finished request (docs/DESIGN.md#request-metrics)
 
     def add(self, d: Delta) -> None:
         self.text += d.text
         self.token_ids.extend(d.token_ids)
         if d.prompt_token_ids is not None:
             self.prompt_token_ids = list(d.prompt_token_ids)
+        if d.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + list(d.logprobs)
+            self.top_logprobs = (self.top_logprobs or []) + top_dicts(d)
+        if d.metrics is not None:
+            self.metrics = dict(d.metrics)
         if d.finish_reason is not None:
             self.finish_reason = d.finish_reason
 
 
+def top_dicts(d: Delta) -> list[dict[int, float]]:
+    """The delta's top alternatives, one {token id: logprob} per token (the wire carries
+    [[id, logprob], ...] pairs: msgpack maps with int keys are refused)."""
+    return [{int(t): float(lp) for t, lp in pairs or ()} for pairs in d.top_logprobs or ()]
+
+
 def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                  stop=None, priority=0, ignore_eos=False, request_id=None) -> Generate:
+                  stop=None, priority=0, ignore_eos=False, request_id=None, *,
+                  logprobs=None, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
+                  repetition_penalty=1.0, min_tokens=0, stop_token_ids=None,
+                  include_stop_str_in_output=False, skip_special_tokens=True,
+                  add_special_tokens=True, user=None) -> Generate:
     """The request a generate() or stream() call asks for. Its parameters are the one
-    definition of those methods' parameters (see takes_request)."""
+    definition of those methods' parameters (see takes_request); README's API table says
+    what each does."""
     if isinstance(stop, str):
         stop = [stop]
     elif stop is not None:
         stop = list(stop)
     if not isinstance(prompt, str):
         prompt = list(prompt)
+    if stop_token_ids is not None:
+        stop_token_ids = list(stop_token_ids)
     return Generate(uuid.uuid4().hex if request_id is None else request_id, prompt,
-                    max_tokens, temperature, top_p, top_k, seed, stop, priority, ignore_eos)
+                    max_tokens, temperature, top_p, top_k, seed, stop, priority, ignore_eos,
+                    logprobs, min_p, presence_penalty, frequency_penalty, repetition_penalty,
+                    min_tokens, stop_token_ids, include_stop_str_in_output,
+                    skip_special_tokens, add_special_tokens, user)
 
 
 def takes_request(method):
