@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgpack
 
 from core.batch import build_batch, sampled_ids
 from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.logrecords import StepRecord
+from core.request_metrics import RequestClock
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 
@@ -68,7 +69,9 @@ class NullLog:
 
     problem = None
 
-    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos): pass
+    path = None
+    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos,
+                    user=None): pass
     def input(self, step, kind, seq_id): pass
     def step(self, record: StepRecord): pass
     def finish(self, seq_id, step, reason, output_tokens): pass
@@ -81,20 +84,27 @@ class NullLog:
 @dataclass
 class _Live:
     sampling: SamplingParams
-    ignore_eos: bool
-    prompt_len: int
+    stop_ids: frozenset[int]      # tokens that finish it: EOS (unless ignore_eos), stop_token_ids
+    clock: RequestClock
     output: list[int] = field(default_factory=list)
 
 
-class _SamplingView:
-    """seq_id -> SamplingParams over the live table, without copying it every step."""
+class _View:
+    """seq_id -> one attribute of its live entry, without copying the table every step."""
 
-    def __init__(self, live: dict):
-        self.live = live
+    def __init__(self, live: dict, attr: str):
+        self.live, self.attr = live, attr
 
     def get(self, seq_id: int, default=None):
         live = self.live.get(seq_id)
-        return live.sampling if live is not None else default
+        return getattr(live, self.attr) if live is not None else default
+
+
+@dataclass
+class Extras:
+    """A step's per-row logprobs (StepResult's columns), for the events of its tokens."""
+    logprobs: dict[int, float]                       # seq_id -> chosen token's logprob
+    top: dict[int, list[list]]                       # seq_id -> [[id, logprob], ...]
 
 
 class Engine:
@@ -108,7 +118,10 @@ class Engine:
         self.step_ms_total = 0.0  # time spent inside plan..commit, summed over steps
         self.last_schedule: ScheduleOutput | None = None
         self._planned: tuple[ScheduleOutput, int, float] | None = None
-        self._sampling = _SamplingView(self.live)
+        self._sampling = _View(self.live, "sampling")
+        self._stop_ids = _View(self.live, "stop_ids")
+        self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
+        self.extras: Extras | None = None               # the last committed step's logprobs
 
     @property
     def step_no(self) -> int:
@@ -117,30 +130,43 @@ class Engine:
     # ---- inputs, applied between steps
 
     def add(self, req: Request, sampling: SamplingParams | None = None, *,
-            ignore_eos: bool = False, request_id: str = "") -> int:
+            ignore_eos: bool = False, request_id: str = "", user: str | None = None) -> int:
         """Admit to the queue; raises the scheduler's AdmitError unchanged."""
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
         seq_id = self.sched.add(req)
         if sampling.temperature > 0 and sampling.seed is None:
-            sampling = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k,
-                                      derive_seed(self.seed, seq_id))
-        self.live[seq_id] = _Live(sampling, ignore_eos, len(req.prompt))
+            sampling = replace(sampling, seed=derive_seed(self.seed, seq_id))
         step = self.step_no
-        self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos)
+        stops = frozenset(sampling.stop_token_ids or ()).union(() if ignore_eos else self.eos_ids)
+        self.live[seq_id] = _Live(sampling, stops,
+                                  RequestClock(time.monotonic(), step, req.priority))
+        self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos, user)
         self.log.input(step, "add", seq_id)
         return seq_id
 
     def abort(self, seq_id: int) -> bool:
         """True when seq_id was unfinished (and is now aborted)."""
+        return self._end(seq_id, "abort", None) is not None
+
+    def stop(self, seq_id: int, num_tokens: int) -> dict | None:
+        """A stop string ended seq_id after num_tokens generated tokens: it finishes with
+        reason "stop" and that many tokens. Its metrics, or None when it was finished."""
+        return self._end(seq_id, "stop", num_tokens)
+
+    def _end(self, seq_id: int, kind: str, num_tokens: int | None) -> dict | None:
         live = self.live.pop(seq_id, None)
         if live is None:
-            return False
+            return None
         self.sched.abort(seq_id)
         step = self.step_no
-        self.log.input(step, "abort", seq_id)
-        self.log.finish(seq_id, step, "abort", live.output)
-        return True
+        self.log.input(step, kind, seq_id)
+        self.log.finish(seq_id, step, kind, live.output[:num_tokens])
+        return self._figures(seq_id, live)
+
+    def _figures(self, seq_id: int, live: _Live) -> dict:
+        path = self.log.path
+        return live.clock.figures(path, seq_id if path is not None else None)
 
     def abort_all(self) -> None:
         """Shutting down: every unfinished request is aborted (and its blocks freed)."""
@@ -162,22 +188,26 @@ class Engine:
         step = self.step_no - 1
         self._planned = (out, step, t0)   # set first: a batch that fails to build is abandoned
         self.last_schedule = out
-        return build_batch(step, out, self.sched, self._sampling) if build else None
+        self._clock(out, step)
+        return build_batch(step, out, self.sched, self._sampling, self._stop_ids) if build else None
 
-    def commit(self, tokens) -> list:
+    def commit(self, tokens, result=None) -> list:
         """Apply the worker's tokens for the planned step; returns the scheduler's events.
+        `result`: the worker's StepResult, whose logprobs go to `extras`.
 
         tokens=None abandons the step (its worker died): no outputs; the restart that
         follows preempts every running request, which then recomputes."""
         out, step, t0 = self._planned
         self._planned = None
+        self.finished_metrics = {}
         ids = sampled_ids(out) if tokens is not None else []
         tokens = tokens if tokens is not None else []
         if len(ids) != len(tokens):
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
-        eos = self.eos_ids
-        outputs = [StepOutput(seq_id, tok, tok in eos and self._stops_on_eos(seq_id))
-                   for seq_id, tok in zip(ids, tokens)]
+        self.extras = (_extras(ids, result, self._sampling)
+                       if result is not None and len(result.logprobs) else None)
+        stops = self._stop_ids.get
+        outputs = [StepOutput(seq_id, tok, tok in stops(seq_id, ())) for seq_id, tok in zip(ids, tokens)]
         events = self.sched.on_step(outputs)
         self._record(step, out, outputs, t0)
         self._finish(events, step)
@@ -185,8 +215,13 @@ class Engine:
 
     def step(self) -> list:
         batch = self.plan()
-        tokens = self.runner.execute(batch) if batch.num_seqs else []
-        return self.commit(tokens)
+        if not batch.num_seqs:
+            return self.commit([])
+        run = getattr(self.runner, "run", None)   # test runners may only have execute
+        if run is None:
+            return self.commit(self.runner.execute(batch))
+        result = run(batch)
+        return self.commit(result.tokens, result)
 
     def run(self, max_steps: int | None = None) -> dict[int, list[int]]:
         """Step until nothing is unfinished; the generated tokens of each finished request."""
@@ -202,9 +237,16 @@ class Engine:
 
     # ---- internals
 
-    def _stops_on_eos(self, seq_id: int) -> bool:
-        live = self.live.get(seq_id)
-        return live is not None and not live.ignore_eos
+    def _clock(self, out: ScheduleOutput, step: int) -> None:
+        cfg = self.sched.cfg
+        for c in out.prefill:
+            live = self.live.get(c.id)
+            if live is not None:
+                live.clock.admit(step, cfg)
+        for seq_id in out.preempted:
+            live = self.live.get(seq_id)
+            if live is not None:
+                live.clock.preemptions += 1
 
     def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float) -> None:
         doc = schedule_json(out)
@@ -227,3 +269,21 @@ class Engine:
                 live = self.live.pop(ev.id, None)
                 if live is not None:
                     self.log.finish(ev.id, step, ev.reason.value, live.output)
+                    self.finished_metrics[ev.id] = self._figures(ev.id, live)
+
+
+def _extras(ids: list[int], result, sampling: _View) -> Extras:
+    """StepResult's logprob columns (see core/ipc/protocol.py) keyed by request id: the
+    rows that asked (a number, not NaN) each have their request's `logprobs` alternatives."""
+    lps, top, at = {}, {}, 0
+    tids, tlps = result.top_ids, result.top_logprobs
+    for seq_id, lp in zip(ids, result.logprobs):
+        if lp != lp:
+            continue
+        k = getattr(sampling.get(seq_id), "logprobs", 0) or 0
+        if at + k > len(tids):
+            raise ValueError("the worker returned fewer top logprobs than the batch asked")
+        lps[seq_id] = lp
+        top[seq_id] = [[tids[i], tlps[i]] for i in range(at, at + k)]
+        at += k
+    return Extras(lps, top)

@@ -31,11 +31,11 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _write_request(conn, p) -> None:
-    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling = p
+    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling, user = p
     conn.execute("INSERT INTO requests (id, client_request_id, arrival_step, prompt_tokens,"
-                 " max_tokens, priority, sampling) VALUES (?,?,?,?,?,?,?)",
+                 " max_tokens, priority, sampling, user) VALUES (?,?,?,?,?,?,?,?)",
                  (seq_id, request_id, arrival, json.dumps(prompt), max_tokens, priority,
-                  json.dumps(sampling)))
+                  json.dumps(sampling), user))
 
 
 def _write_finish(conn, p) -> None:

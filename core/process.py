@@ -17,9 +17,9 @@ from core.ipc.channel import Channel
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.ipc.lifeline import pid_alive
-from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Drain, Hello, I32,
-                           ProtocolError, Rejected, StatsQuery, StepEvents,
-                           StepResult, WorkerReady)
+from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreStats, Drain, Hello,
+                           I32, ProtocolError, Rejected, StatsQuery, StepEvents, StepResult,
+                           StopRequest, WorkerReady)
 from core.steplog import StepLog
 from core.sched import AdmitError, Finished, QueueFull, Request, TokenEvent
 
@@ -54,7 +54,8 @@ class CoreLoop:
         # never blocks on a stalled frontend, so neither side ever drops or waits on the
         # other; memory is bounded by the requests admitted.
         self.fe_in = Channel(ctx, zmq.PULL, cfg.frontend_in, bind=True,
-                             accept=(AddRequest, AbortRequest, StatsQuery, Drain, Hello),
+                             accept=(AddRequest, AbortRequest, StopRequest, StatsQuery, Drain,
+                                     Hello),
                              unbounded=True)
         self.fe_out = Channel(ctx, zmq.PUSH, cfg.frontend_out, bind=True, unbounded=True)
         self._inbox: list = []   # frontend inputs read during a step, applied after it
@@ -180,6 +181,8 @@ class CoreLoop:
             seq_id = self.seq_of.get(msg.fid)
             if seq_id is not None:
                 self.drop(seq_id)
+        elif isinstance(msg, StopRequest):
+            self.stop(msg)
         elif isinstance(msg, StatsQuery):
             self.send(CoreStats(qid=msg.qid, stats=self.stats()))
 
@@ -192,6 +195,16 @@ class CoreLoop:
             _log(f"frontend {msg.pid} connected: aborted {len(orphans)} request(s) of the one before")
         self.announce()
 
+    def stop(self, msg: StopRequest) -> None:
+        """A stop string ended the request at the frontend: finish it "stop" here too, and
+        send the finish (with its metrics) the frontend waits for."""
+        seq_id = self.seq_of.pop(msg.fid, None)
+        if seq_id is None:
+            return  # it finished here first; its finish is on the way
+        del self.fid_of[seq_id]
+        figures = self.engine.stop(seq_id, max(0, msg.num_tokens))
+        self.send(StepEvents(fids=I32(), tokens=I32(), finished=[[msg.fid, "stop", figures]]))
+
     def add(self, msg: AddRequest) -> None:
         refusal = self.engine.log.refusal()  # the step log cannot be written
         if refusal is not None:
@@ -200,7 +213,7 @@ class CoreLoop:
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
         try:
             seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
-                                     request_id=msg.request_id)
+                                     request_id=msg.request_id, user=msg.user)
         except AdmitError as e:
             code = 429 if isinstance(e, QueueFull) else 400
             self.send(Rejected(fid=msg.fid, code=code, message=str(e) or type(e).__name__))
@@ -227,11 +240,11 @@ class CoreLoop:
             self.fail_step(e)
             return
         try:
-            tokens = self.forward(batch) if batch.num_seqs else []
+            result = self.forward(batch) if batch.num_seqs else None
         except WorkerDied as e:
             self.replace_worker(str(e))
             return
-        self.publish(self.engine.commit(tokens))
+        self.publish(self.engine.commit(result.tokens if result else [], result))
 
     def fail_step(self, e: Exception) -> None:
         """The planned step could not be built: abandon it and fail the requests in it
@@ -254,8 +267,8 @@ class CoreLoop:
                 reply.fid = fid
                 self.send(reply)
 
-    def forward(self, batch) -> I32:
-        """The worker's tokens for `batch`; WorkerDied if it dies or hangs meanwhile."""
+    def forward(self, batch) -> StepResult:
+        """The worker's result for `batch`; WorkerDied if it dies or hangs meanwhile."""
         self.wk_out.send(batch)
         deadline = time.monotonic() + self.cfg.step_timeout
         while True:
@@ -267,7 +280,7 @@ class CoreLoop:
                 if isinstance(msg, StepResult) and msg.step == batch.step:
                     if len(msg.tokens) != len(batch.sample_rows):
                         raise WorkerDied(f"bad result for step {batch.step}")
-                    return msg.tokens
+                    return msg
                 if isinstance(msg, WorkerReady):  # a new worker: the old one is gone
                     self._ready_pending = msg
                     raise WorkerDied("a new worker announced itself")
@@ -279,6 +292,8 @@ class CoreLoop:
 
     def publish(self, events: list) -> None:
         fids, tokens, finished = I32(), I32(), []
+        extras, lps, tops = self.engine.extras, F64(), []
+        figures = self.engine.finished_metrics
         for ev in events:
             fid = self.fid_of.get(ev.id)
             if fid is None:
@@ -286,11 +301,16 @@ class CoreLoop:
             if isinstance(ev, TokenEvent):
                 fids.append(fid)
                 tokens.append(ev.token)
+                if extras is not None:
+                    lps.append(extras.logprobs.get(ev.id, float("nan")))
+                    tops.append(extras.top.get(ev.id))
             elif isinstance(ev, Finished):
-                finished.append([fid, ev.reason.value])
+                finished.append([fid, ev.reason.value, figures.get(ev.id)])
                 del self.fid_of[ev.id], self.seq_of[fid]
+        figures.clear()
         if fids or finished:
-            self.send(StepEvents(fids=fids, tokens=tokens, finished=finished))
+            self.send(StepEvents(fids=fids, tokens=tokens, finished=finished, logprobs=lps,
+                                 top_logprobs=tops))
 
     def stats(self) -> dict:
         st = self.engine.sched.stats()

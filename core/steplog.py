@@ -33,7 +33,8 @@ SCHEMA = {
     "meta": ({"key": str, "value": str}, "key"),
     "requests": ({"id": int, "client_request_id": str, "arrival_step": int,
                   "prompt_tokens": str, "max_tokens": int, "priority": int, "sampling": str,
-                  "finish_step": int, "finish_reason": str, "output_tokens": str}, "id"),
+                  "finish_step": int, "finish_reason": str, "output_tokens": str,
+                  "user": str}, "id"),
     **{r.table: (columns(r), r.key) for r in (InputRecord, StepRecord)},
 }
 # Logs made before gaps existed lack this table; readers take its absence for no gaps.
@@ -102,10 +103,10 @@ class StepLog:
 
     # ---- called by the engine, on the step loop's thread
 
-    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos):
+    def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos, user=None):
         doc = {**asdict(sampling), "ignore_eos": ignore_eos}
         self._pending.append(("req", (seq_id, request_id, arrival, list(req.prompt),
-                                      req.max_tokens, req.priority, doc)))
+                                      req.max_tokens, req.priority, doc, user)))
 
     def input(self, step, kind, seq_id):
         # Inputs arrive in step order, so one counter for the current step suffices.

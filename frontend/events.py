@@ -1,27 +1,51 @@
 """Regroup one StepEvents message per request: the frontend answers each request once a step."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from core.ipc.protocol import ProtocolError, StepEvents
 
 REASONS = frozenset({"stop", "length", "abort"})
 
 
-def group_events(ev: StepEvents) -> list[tuple[int, list[int], str | None]]:
-    """[(fid, tokens, finish reason or None)] in order of first appearance.
+@dataclass
+class RequestEvents:
+    """One request's part of a step: its tokens (with their logprobs when it asked) and,
+    when it finished, the reason and the core's figures."""
+    fid: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list] = field(default_factory=list)
+    reason: str | None = None
+    figures: dict | None = None
 
-    Raises ProtocolError for a message that does not hang together, so the caller drops
-    all of it rather than apply half.
-    """
-    if len(ev.fids) != len(ev.tokens):
-        raise ProtocolError(400, f"events: {len(ev.fids)} fids but {len(ev.tokens)} tokens")
-    tokens: dict[int, list[int]] = {}
-    for fid, tok in zip(ev.fids, ev.tokens):
-        tokens.setdefault(fid, []).append(tok)
-    reasons: dict[int, str] = {}
+
+def group_events(ev: StepEvents) -> list[RequestEvents]:
+    """Per request, in order of first appearance. Raises ProtocolError for a message that
+    does not hang together, so the caller drops all of it rather than apply half."""
+    n = len(ev.tokens)
+    if len(ev.fids) != n:
+        raise ProtocolError(400, f"events: {len(ev.fids)} fids but {n} tokens")
+    if len(ev.logprobs) not in (0, n) or len(ev.top_logprobs) not in (0, n):
+        raise ProtocolError(400, f"events: logprobs for {len(ev.logprobs)} of {n} tokens")
+    out: dict[int, RequestEvents] = {}
+    for i, (fid, tok) in enumerate(zip(ev.fids, ev.tokens)):
+        r = out.get(fid) or out.setdefault(fid, RequestEvents(fid))
+        r.tokens.append(tok)
+        if len(ev.logprobs) and ev.logprobs[i] == ev.logprobs[i]:   # NaN: not asked
+            r.logprobs.append(ev.logprobs[i])
+            r.top.append(ev.top_logprobs[i] or [])
     for item in ev.finished:
-        if (not isinstance(item, list) or len(item) != 2 or type(item[0]) is not int
-                or item[1] not in REASONS):
-            raise ProtocolError(400, f"events: bad finished entry {item!r}")
-        reasons[item[0]] = item[1]
-    order = list(tokens) + [fid for fid in reasons if fid not in tokens]
-    return [(fid, tokens.get(fid, []), reasons.get(fid)) for fid in order]
+        fid, reason, figures = _finished(item)
+        r = out.get(fid) or out.setdefault(fid, RequestEvents(fid))
+        r.reason, r.figures = reason, figures
+    return list(out.values())
+
+
+def _finished(item) -> tuple[int, str, dict | None]:
+    """[fid, reason] or [fid, reason, figures]."""
+    if (isinstance(item, list) and len(item) in (2, 3) and type(item[0]) is int
+            and item[1] in REASONS and (len(item) == 2 or item[2] is None
+                                        or isinstance(item[2], dict))):
+        return item[0], item[1], item[2] if len(item) == 3 else None
+    raise ProtocolError(400, f"events: bad finished entry {item!r:.200}")

@@ -20,7 +20,7 @@ from core.ipc.lifeline import pid_alive
 from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
                            CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello, I32,
                            ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
-                           Stats, StatsQuery, StatsReply, StepEvents)
+                           Stats, StatsQuery, StatsReply, StepEvents, StopRequest)
 from frontend.events import group_events
 from frontend.inflight import Inflight
 from frontend.request import RequestState
@@ -191,21 +191,27 @@ class Frontend:
                                "(--max-inflight-per-client)")
         try:
             check_params(msg, self.info)
-            ids = (self.tokenizer.encode(msg.prompt) if isinstance(msg.prompt, str)
-                   else msg.prompt)
+            ids = (self.tokenizer.encode(msg.prompt, msg.add_special_tokens)
+                   if isinstance(msg.prompt, str) else msg.prompt)
             check_prompt_ids(ids, self.info)
         except InvalidRequest as e:
             return self._error(ident, msg.request_id, e.code, str(e))
-        st = RequestState(ident, msg.request_id, self._next_fid, list(ids),
-                          self.tokenizer.decode, list(msg.stop or ()),
-                          self._eos_ids, msg.ignore_eos)
-        self._next_fid += 1
+        st = self._state(ident, msg, ids)
         add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
-                         SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed),
-                         msg.ignore_eos)
+                         sampling_of(msg), msg.ignore_eos, msg.user)
         if not self._to_core(add):
             return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
         self.inflight.add(st)
+
+    def _state(self, ident: bytes, msg: Generate, ids) -> RequestState:
+        stop_ids = frozenset(msg.stop_token_ids or ())
+        if not msg.ignore_eos:
+            stop_ids |= self._eos_ids
+        fid, self._next_fid = self._next_fid, self._next_fid + 1
+        return RequestState(ident, msg.request_id, fid, list(ids),
+                            self.tokenizer.decoder(msg.skip_special_tokens),
+                            list(msg.stop or ()), stop_ids, msg.include_stop_str_in_output,
+                            msg.min_tokens)
 
     def _on_stats(self, ident: bytes) -> None:
         if self.info is None or self.core_dead:
@@ -239,7 +245,7 @@ class Frontend:
         self.inflight.remove(st)
         self._to_core(AbortRequest(st.fid))
         if tell_client:
-            self.router.send(st.ident, st.step([], "abort").delta)
+            self.router.send(st.ident, st.end("abort"))
 
     # ------------------------------------------------------------ core
 
@@ -278,15 +284,17 @@ class Frontend:
             self._on_ready(msg)
 
     def _on_events(self, ev: StepEvents) -> None:
-        for fid, tokens, reason in group_events(ev):
-            st = self.inflight.by_fid(fid)
+        for rev in group_events(ev):
+            st = self.inflight.by_fid(rev.fid)
             if st is None:
                 continue  # finished or aborted here already
-            out = st.step(tokens, reason)
+            if st.stopping and rev.reason is None:
+                continue  # tokens past a stop string, before the core took the stop
+            out = st.step(rev)
             if out.done:
                 self.inflight.remove(st)
-            if out.abort_core:
-                self._to_core(AbortRequest(fid))
+            if out.stop_core is not None:
+                self._to_core(StopRequest(rev.fid, out.stop_core))
             self._send_delta(st.ident, out.delta)
 
     def _on_core_stats(self, msg: CoreStats) -> None:
@@ -313,3 +321,9 @@ class Frontend:
             self._exit_code = 1
             return
         print(f"READY {self.router.address}", flush=True)
+
+
+def sampling_of(msg: Generate) -> SamplingParams:
+    return SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed, msg.min_p,
+                          msg.presence_penalty, msg.frequency_penalty, msg.repetition_penalty,
+                          msg.min_tokens, msg.stop_token_ids, msg.logprobs)

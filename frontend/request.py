@@ -1,59 +1,110 @@
-"""One in-flight request: turns the core's tokens for it into the client's deltas."""
+"""One in-flight request: turns the core's tokens for it into the client's deltas.
+
+A stop string ends a request here, where the text is, but the core may already be a step
+further: the frontend then sends the text up to the stop at once, tells the core to finish
+the request "stop" after the tokens seen so far (StopRequest), and sends the final delta,
+with the core's figures, when the core confirms. Tokens that arrive meanwhile are dropped.
+"""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from core.ipc.protocol import Delta
 from frontend.detok import Decode, Detokenizer
+from frontend.events import RequestEvents
 from frontend.stops import StopMatcher
+
+METRIC_KEYS = ("queue_ms", "ttft_ms", "e2e_ms", "preemptions", "priority", "cached_tokens",
+               "log", "log_id")
 
 
 @dataclass
 class StepOutcome:
     delta: Delta
-    done: bool            # the request is over for the client
-    abort_core: bool      # the core still runs it (a stop string ended it): abort there
+    done: bool                    # the request is over for the client
+    stop_core: int | None = None  # a stop string ended it: finish it at the core after this many tokens
 
 
 @dataclass
 class RequestState:
-    ident: bytes          # the client's ROUTER identity
+    ident: bytes                  # the client's ROUTER identity
     request_id: str
-    fid: int              # its key on the wire to the core
+    fid: int                      # its key on the wire to the core
     prompt_ids: list[int]
     decode: Decode
     stop: list[str] = field(default_factory=list)
-    eos_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
+    stop_ids: frozenset[int] = frozenset()   # tokens that end it: EOS unless ignore_eos, stop_token_ids
+    include_stop: bool = False    # include_stop_str_in_output
+    min_tokens: int = 0           # stop strings are looked for only after this many tokens
 
     def __post_init__(self):
         self._detok = Detokenizer(self.decode, self.prompt_ids)
-        self._stops = StopMatcher(self.stop)
+        self._stops = StopMatcher(self.stop, self.include_stop)
         self._first = True
+        self._generated = 0
+        self.stopping = False      # waiting for the core to confirm a stop string's finish
+        self.started = time.monotonic()
+        self.first_token_at: float | None = None
 
     @property
     def key(self) -> tuple[bytes, str]:
         return self.ident, self.request_id
 
-    def step(self, tokens: list[int], reason: str | None) -> StepOutcome:
-        """This step's tokens (maybe none) and the core's finish reason (None: runs on)."""
-        text = self._detok.push(self._text_tokens(tokens, reason))
-        if reason is not None:
-            text += self._detok.flush()
-        out = self._stops.feed(text, final=reason is not None)
-        abort_core = False
+    def step(self, ev: RequestEvents) -> StepOutcome:
+        """This step's events for the request (maybe no token) and the core's finish."""
+        if self.stopping:
+            return StepOutcome(self._delta("", RequestEvents(ev.fid), "stop", ev.figures),
+                               done=ev.reason is not None)
+        if ev.tokens and self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        before = self._generated
+        self._generated += len(ev.tokens)
+        text = self._text(ev.tokens, ev.reason, before)
+        reason, stop_core = ev.reason, None
         if self._stops.matched:
-            abort_core, reason = reason is None, "stop"
-        return StepOutcome(self._delta(out, tokens, reason), reason is not None, abort_core)
+            if reason is None:
+                self.stopping, stop_core = True, self._generated
+            else:
+                reason = "stop"
+        return StepOutcome(self._delta(text, ev, reason, ev.figures), reason is not None,
+                           stop_core)
+
+    def end(self, reason: str) -> Delta:
+        """The final delta of a request ended here (abort): no core figures."""
+        return self._delta("", RequestEvents(self.fid), reason, None)
+
+    def _text(self, tokens: list[int], reason: str | None, before: int) -> str:
+        final = reason is not None
+        text = self._detok.push(self._text_tokens(tokens, reason))
+        if final:
+            text += self._detok.flush()
+        if before + len(tokens) < self.min_tokens:   # as vLLM: no stop strings before min_tokens
+            return text
+        return self._stops.feed(text, final=final)
 
     def _text_tokens(self, tokens: list[int], reason: str | None) -> list[int]:
-        # The EOS that ended the request is reported in token_ids but is not text.
-        if (reason == "stop" and not self.ignore_eos and tokens
-                and tokens[-1] in self.eos_ids):
+        # The token that ended the request (EOS, a stop_token_id) is reported in token_ids
+        # but is not text, unless include_stop_str_in_output.
+        if reason == "stop" and tokens and tokens[-1] in self.stop_ids and not self.include_stop:
             return tokens[:-1]
         return tokens
 
-    def _delta(self, text: str, tokens: list[int], reason: str | None) -> Delta:
+    def _delta(self, text: str, ev: RequestEvents, reason: str | None,
+               figures: dict | None) -> Delta:
         prompt = self.prompt_ids if self._first else None
         self._first = False
-        return Delta(self.request_id, text, list(tokens), reason, prompt)
+        d = Delta(self.request_id, text, list(ev.tokens), reason, prompt)
+        if ev.logprobs:
+            d.logprobs, d.top_logprobs = ev.logprobs, ev.top
+        if reason is not None:
+            d.metrics = self._metrics(figures)
+        return d
+
+    def _metrics(self, figures: dict | None) -> dict:
+        now = time.monotonic()
+        first = self.first_token_at
+        mine = {"ttft_ms": None if first is None else round((first - self.started) * 1e3, 3),
+                "e2e_ms": round((now - self.started) * 1e3, 3)}
+        got = {**(figures or {}), **mine}
+        return {k: got.get(k) for k in METRIC_KEYS}

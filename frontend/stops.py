@@ -19,13 +19,15 @@ from frontend.prefix_automaton import PrefixAutomaton
 class StopMatcher:
     """Feed text as it is generated; `matched` turns True at the first stop string."""
 
-    def __init__(self, stops: Sequence[str] = ()):
+    def __init__(self, stops: Sequence[str] = (), include: bool = False):
         self._automata = [PrefixAutomaton(s) for s in dict.fromkeys(stops) if s]
+        self._include = include       # the released text ends with the stop string itself
         self._held = ""
         self._fed = 0                 # characters fed so far
         # The start (in all text fed) of the earliest complete stop; an empty stop is
         # complete before any text.
         self._cut: int | None = 0 if "" in stops else None
+        self._cut_len = 0             # the length of the stop string starting at _cut
         self.matched = False
 
     def feed(self, text: str, final: bool = False) -> str:
@@ -39,7 +41,7 @@ class StopMatcher:
         pending = len(buf) if final else len(buf) - self._longest_partial()
         if self._cut is not None and self._cut - start <= pending:
             self.matched, self._held = True, ""
-            return buf[:self._cut - start]
+            return buf[:self._cut - start + (self._cut_len if self._include else 0)]
         self._held = buf[pending:]
         return buf[:pending]
 
@@ -49,7 +51,7 @@ class StopMatcher:
             if end is not None:
                 begin = self._fed + end - len(a.pattern)
                 if self._cut is None or begin < self._cut:
-                    self._cut = begin
+                    self._cut, self._cut_len = begin, len(a.pattern)
         self._fed += len(text)
 
     def _longest_partial(self) -> int:

@@ -28,10 +28,17 @@ class Tokenizer:
         from transformers import AutoTokenizer
         return cls(AutoTokenizer.from_pretrained(path))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._hf.encode(text, add_special_tokens=False))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """As `tokenizer(text)` does by default (a Llama's BOS included); a chat-templated
+        prompt, whose template wrote its own special tokens, comes with False."""
+        return list(self._hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def decode(self, ids: Sequence[int]) -> str:
-        # Special tokens stay visible; only the EOS that ends a request is dropped, by
-        # the request itself.
-        return self._hf.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decoder(self, skip_special_tokens: bool):
+        """decode with the flag bound, for one request's detokenizer."""
+        return self.decode if skip_special_tokens else self._decode_all
+
+    def _decode_all(self, ids: Sequence[int]) -> str:
+        return self.decode(ids, skip_special_tokens=False)

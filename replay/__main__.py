@@ -1,7 +1,8 @@
 """python -m replay (scripts/replay): verify, summary, request, diff, plot a step log.
 
 Exit codes: 0 success, 1 a divergence (verify) or a difference (diff), 2 a file that is
-not a readable, whole step log (one line on stderr saying why).
+not a readable, whole step log, 3 the log's model, device or dtype is not available here
+(verify --with-model); 2 and 3 print one line on stderr saying why.
 """
 from __future__ import annotations
 
@@ -29,11 +30,21 @@ def cmd_verify(a) -> int:
         print(f"warning: {w}", file=sys.stderr)
     runner = None
     if a.with_model:
-        from replay.model import runner_for
-        runner = runner_for(log.meta)
+        from replay.model import ModelUnavailable, runner_for
+        try:
+            runner = runner_for(log.meta, a.device, a.dtype)
+        except ModelUnavailable as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 3
+        where = f"{runner.info.device}, {runner.info.dtype}"
+        logged = log.meta["model_info"]
+        if (a.device or a.dtype) and where != f"{logged.get('device')}, {logged.get('dtype')}":
+            print(f"warning: re-running on {where}; the log was made on {logged.get('device')}"
+                  f", {logged.get('dtype')}: tokens may differ", file=sys.stderr)
     v = verify(log, runner, progress=True)
     if v.ok:
-        print(f"ok: {v.steps} steps verified" + (" with the model" if a.with_model else ""))
+        print(f"ok: {v.steps} steps verified"
+              + (f" with the model on {runner.info.device}, {runner.info.dtype}" if runner else ""))
         return 0
     d = v.divergence
     print(f"DIVERGED at step {d.step} ({d.what}):")
@@ -77,6 +88,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="re-run the log; exit 1 at the first divergent step")
     v.add_argument("--with-model", action="store_true", help="re-run the worker too")
+    v.add_argument("--device", help="with --with-model: run here instead of the log's device")
+    v.add_argument("--dtype", help="with --with-model: run in this dtype instead of the log's")
     v.add_argument("file")
     v.set_defaults(fn=cmd_verify)
     s = sub.add_parser("summary", help="requests, steps, tokens, waits, KV use")

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 from core.logrecords import Gap, InputRecord, StepRecord, select_sql
 from core.steplog import FORMAT, GAPS, SCHEMA
+
+OPTIONAL_COLUMNS = {("requests", "user")}   # logs made before the column existed lack it
 from replay.damage import DamagedLog
 from replay.rows import check_meta, gap_message, input_row, request_row, step_row
 
@@ -62,7 +64,7 @@ class LogFile:
         for name, (columns, _) in tables.items():
             have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({name})")}
             for col in columns:
-                if col not in have:
+                if col not in have and (name, col) not in OPTIONAL_COLUMNS:
                     raise DamagedLog(f"table {name} has no column {col}")
 
     def _meta(self) -> dict:

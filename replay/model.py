@@ -1,10 +1,39 @@
-"""The worker a log was made with, rebuilt for `verify --with-model`."""
+"""The worker a log was made with, rebuilt for `verify --with-model`: the same model,
+block layout, dtype and device as the log's meta says, or a clear refusal.
+
+Bit-exact replay needs the same kernels: a log made on CUDA is re-run on CUDA. Another
+device or dtype may be asked for explicitly (--device/--dtype); tokens may then differ
+where the top two logits are close, and the verdict says where.
+"""
 from __future__ import annotations
 
 
-def runner_for(meta: dict):
-    from worker.load import make_runner
+class ModelUnavailable(Exception):
+    """The log's model, device or dtype cannot be had on this machine."""
+
+
+def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
+    from worker.load import DTYPES, make_runner
     info = meta["model_info"]
-    return make_runner(meta["model"], device="cpu", dtype=info.get("dtype", "float32"),
-                       num_blocks=meta["num_blocks"], block_size=meta["block_size"],
-                       max_model_len=info["max_model_len"])
+    device = device or info.get("device", "cpu")
+    dtype = dtype or info.get("dtype", "float32")
+    _check_device(device, info.get("device", "cpu"))
+    if dtype not in DTYPES:
+        raise ModelUnavailable(f"the log's dtype {dtype!r} is not one this worker runs "
+                               f"({', '.join(DTYPES)}); pass --dtype")
+    try:
+        return make_runner(meta["model"], device=device, dtype=dtype,
+                           num_blocks=meta["num_blocks"], block_size=meta["block_size"],
+                           max_model_len=info["max_model_len"])
+    except (FileNotFoundError, ValueError) as e:
+        raise ModelUnavailable(f"cannot load the log's model {meta['model']!r}: {e}") from None
+
+
+def _check_device(device: str, logged: str) -> None:
+    import torch
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelUnavailable(
+            f"the log was made on {logged}; this machine has no CUDA device. Pass --device cpu "
+            "to re-run on the CPU (tokens may then differ where the top two logits are close)")
+    if not device.startswith(("cpu", "cuda")):
+        raise ModelUnavailable(f"unknown device {device!r} (cpu or cuda)")

@@ -9,10 +9,14 @@ from core.sched import SchedPolicy, SchedulerConfig
 from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
                            optional, parsed, rows, text)
 
-INPUT_KINDS = {"add", "abort", "restart"}
+INPUT_KINDS = {"add", "abort", "stop", "restart"}   # stop: a stop string ended it
 FINISH_REASONS = {"stop", "length", "abort"}
 SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
-            "seed": lambda v, w: optional(integer, v, w), "ignore_eos": boolean}
+            "seed": lambda v, w: optional(integer, v, w), "ignore_eos": boolean,
+            "min_p": number, "presence_penalty": number, "frequency_penalty": number,
+            "repetition_penalty": number, "min_tokens": lambda v, w: integer(v, w, 0),
+            "stop_token_ids": lambda v, w: optional(int_list, v, w, 0),
+            "logprobs": lambda v, w: optional(integer, v, w, 0)}
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
@@ -69,7 +73,8 @@ def request_row(r: dict) -> dict:
             "finish_reason": optional(one_of, r["finish_reason"], f"{w} finish_reason",
                                       FINISH_REASONS),
             "output_tokens": None if out is None else int_list(
-                parsed(out, f"{w} output_tokens"), f"{w} output_tokens", 0)}
+                parsed(out, f"{w} output_tokens"), f"{w} output_tokens", 0),
+            "user": optional(text, r.get("user"), f"{w} user")}
 
 
 def _sampling(doc, where: str) -> dict:

@@ -50,9 +50,9 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
                 return Divergence(step, "input", [f"request {seq_id} was refused: {e!r}"])
             if got != seq_id:
                 return Divergence(step, "input", [f"add gave id {got}, the log says {seq_id}"])
-        elif kind == "abort":
+        elif kind in ("abort", "stop"):  # to the scheduler a stop string's end is an abort
             if not engine.abort(seq_id):
-                return Divergence(step, "input", [f"request {seq_id} was not running to abort"])
+                return Divergence(step, "input", [f"request {seq_id} was not running to {kind}"])
         elif kind == "restart":
             engine.restart()
     return None

@@ -26,7 +26,8 @@ import zmq
 
 from core.ipc.channel import Channel
 from core.ipc.protocol import (I32, AbortRequest, AddRequest, CoreReady, CoreStats, Drain,
-                           Hello, ModelInfo, Pong, Rejected, StatsQuery, StepEvents, decode, encode)
+                           Hello, ModelInfo, Pong, Rejected, StatsQuery, StepEvents, StopRequest,
+                           decode, encode)
 from worker.preset_tokenizer import EOS as EOS_TEXT
 from worker.preset_tokenizer import EOS_ID, NUM_FIXED, build_tokenizer
 
@@ -110,6 +111,9 @@ class FakeCore:
         return self.wait_for(lambda m: isinstance(m, AddRequest)
                              and m.request_id == request_id, timeout)
 
+    def stop_of(self, fid: int, timeout: float = 5.0) -> StopRequest | None:
+        return self.wait_for(lambda m: isinstance(m, StopRequest) and m.fid == fid, timeout)
+
     def abort_of(self, fid: int, timeout: float = 5.0) -> AbortRequest | None:
         return self.wait_for(lambda m: isinstance(m, AbortRequest) and m.fid == fid, timeout)
 
@@ -118,7 +122,7 @@ class FakeCore:
     def _run(self) -> None:
         ctx = zmq.Context()
         pull = Channel(ctx, zmq.PULL, self.core_in, bind=True,
-                       accept=(AddRequest, AbortRequest, StatsQuery, Drain, Hello))
+                       accept=(AddRequest, AbortRequest, StopRequest, StatsQuery, Drain, Hello))
         push = Channel(ctx, zmq.PUSH, self.core_out, bind=True)
         sent_ready = False
         try:
@@ -152,6 +156,9 @@ class FakeCore:
             self._on_add(msg, push)
         elif isinstance(msg, AbortRequest):
             self._running.pop(msg.fid, None)
+        elif isinstance(msg, StopRequest):
+            if self._running.pop(msg.fid, None) is not None:
+                push.send(StepEvents(I32(), I32(), [[msg.fid, "stop", {"queue_ms": 0.0}]]))
         elif isinstance(msg, StatsQuery):
             push.send(CoreStats(msg.qid, self._stats()))
 

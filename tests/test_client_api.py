@@ -35,6 +35,11 @@ def test_unknown_keyword_is_type_error(tmp_path):
 PUBLIC_PARAMS = {"prompt": inspect.Parameter.empty, "max_tokens": 16, "temperature": 0.0,
                  "top_p": 1.0, "top_k": 0, "seed": None, "stop": None, "priority": 0,
                  "ignore_eos": False, "request_id": None}
+# issue 14's fields: keyword-only, after the pinned positional ones
+KEYWORD_PARAMS = {"logprobs": None, "min_p": 0.0, "presence_penalty": 0.0,
+                  "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
+                  "stop_token_ids": None, "include_stop_str_in_output": False,
+                  "skip_special_tokens": True, "add_special_tokens": True, "user": None}
 REQUEST_METHODS = [Client.generate, Client.stream, AsyncClient.generate, AsyncClient.stream]
 
 
@@ -42,8 +47,11 @@ REQUEST_METHODS = [Client.generate, Client.stream, AsyncClient.generate, AsyncCl
 def test_request_methods_show_the_pinned_signature(method):
     params = list(inspect.signature(method).parameters.values())
     assert params[0].name == "self"
-    assert {p.name: p.default for p in params[1:]} == PUBLIC_PARAMS
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    positional = [p for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keyword = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert len(positional) + len(keyword) == len(params)
+    assert {p.name: p.default for p in positional[1:]} == PUBLIC_PARAMS
+    assert {p.name: p.default for p in keyword} == KEYWORD_PARAMS
     assert method.__name__ in ("generate", "stream")
     assert inspect.iscoroutinefunction(method) == (method is AsyncClient.generate)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from core.ipc.protocol import I32, Generate, ModelInfo, ProtocolError, StepEvents
-from frontend.events import group_events
-from frontend.request import RequestState
+from core.ipc.protocol import F64, I32, Generate, ModelInfo, ProtocolError, StepEvents
+from frontend.events import RequestEvents, group_events
+from frontend.request import METRIC_KEYS, RequestState
 from frontend.salvage import peek_request_id
 from frontend.validate import InvalidRequest, check_params, check_prompt_ids
 
@@ -72,41 +72,82 @@ def test_peek_request_id():
 
 
 def test_group_events_orders_and_validates():
-    ev = StepEvents(I32([3, 1, 3]), I32([7, 8, 9]), [[1, "stop"], [5, "abort"]])
-    assert group_events(ev) == [(3, [7, 9], None), (1, [8], "stop"), (5, [], "abort")]
+    ev = StepEvents(I32([3, 1, 3]), I32([7, 8, 9]), [[1, "stop", {"queue_ms": 1.0}], [5, "abort"]])
+    got = [(r.fid, r.tokens, r.reason, r.figures) for r in group_events(ev)]
+    assert got == [(3, [7, 9], None, None), (1, [8], "stop", {"queue_ms": 1.0}),
+                   (5, [], "abort", None)]
     with pytest.raises(ProtocolError):
         group_events(StepEvents(I32([1]), I32([]), []))
     with pytest.raises(ProtocolError):
         group_events(StepEvents(I32([]), I32([]), [[1, "done"]]))
+    with pytest.raises(ProtocolError):
+        group_events(StepEvents(I32([1]), I32([2]), [], F64([0.0, 1.0]), [None, None]))
+
+
+def test_group_events_keeps_logprobs_of_the_rows_that_asked():
+    ev = StepEvents(I32([3, 1]), I32([7, 8]), [], F64([-0.5, float("nan")]),
+                    [[[7, -0.5], [2, -1.5]], None])
+    a, b = group_events(ev)
+    assert (a.logprobs, a.top) == ([-0.5], [[[7, -0.5], [2, -1.5]]])
+    assert (b.logprobs, b.top) == ([], [])
 
 
 def state(**kw) -> RequestState:
     args = dict(ident=b"c", request_id="r", fid=0, prompt_ids=[104, 105],
-                decode=lambda ids: bytes(ids).decode("utf-8", "replace"),
-                eos_ids=frozenset({256}))
+                decode=lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", "replace"),
+                stop_ids=frozenset({256}))
     return RequestState(**{**args, **kw})
+
+
+def ev(tokens, reason=None, figures=None) -> RequestEvents:
+    return RequestEvents(0, list(tokens), reason=reason, figures=figures)
 
 
 def test_first_delta_carries_the_prompt_and_eos_is_not_text():
     st = state()
-    a = st.step([104], None)
+    a = st.step(ev([104]))
     assert a.delta.prompt_token_ids == [104, 105] and a.delta.text == "h" and not a.done
-    b = st.step([256], "stop")
+    b = st.step(ev([256], "stop", {"queue_ms": 2.0, "log_id": 4}))
     assert b.delta.prompt_token_ids is None and b.delta.text == ""
     assert b.delta.token_ids == [256] and b.delta.finish_reason == "stop" and b.done
+    m = b.delta.metrics
+    assert list(m) == list(METRIC_KEYS) and m["queue_ms"] == 2.0 and m["log_id"] == 4
+    assert m["ttft_ms"] <= m["e2e_ms"]
 
 
-def test_stop_string_cuts_and_asks_the_core_to_abort():
+def test_a_stop_token_is_text_with_include_stop_str_in_output():
+    st = state(stop_ids=frozenset({65}), include_stop=True)
+    assert st.step(ev([104, 65], "stop")).delta.text == "hA"
+    assert state(stop_ids=frozenset({65})).step(ev([104, 65], "stop")).delta.text == "h"
+
+
+def test_stop_string_cuts_then_waits_for_the_core():
     st = state(stop=["lo"])
-    texts = [st.step([b], None) for b in b"hel"]
+    texts = [st.step(ev([b])) for b in b"hel"]
     assert [t.delta.text for t in texts] == ["h", "e", ""]
-    hit = st.step([ord("o")], None)
-    assert hit.delta.text == "" and hit.delta.finish_reason == "stop"
-    assert hit.done and hit.abort_core
+    hit = st.step(ev([ord("o")]))
+    assert hit.delta.text == "" and hit.delta.finish_reason is None and not hit.done
+    assert hit.stop_core == 4 and st.stopping
+    end = st.step(ev([], "stop", {"queue_ms": 1.0}))
+    assert end.done and end.delta.finish_reason == "stop" and end.delta.token_ids == []
+    assert end.delta.metrics["queue_ms"] == 1.0
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string():
+    st = state(stop=["lo"], include_stop=True)
+    texts = [st.step(ev([b])).delta.text for b in b"hello"]
+    assert "".join(texts) == "hello"[:5] and st.stopping
+
+
+def test_no_stop_string_before_min_tokens():
+    st = state(stop=["h"], min_tokens=2)
+    assert st.step(ev([ord("h")])).delta.text == "h" and not st.stopping
+    out = st.step(ev([ord("h")]))
+    assert out.stop_core == 2 and out.delta.text == ""
 
 
 def test_held_text_released_when_the_core_finishes():
     st = state(stop=["lo"])
-    st.step(list(b"hel"), None)
-    end = st.step([], "length")
-    assert end.delta.text == "l" and end.delta.finish_reason == "length" and not end.abort_core
+    st.step(ev(b"hel"))
+    end = st.step(ev([], "length"))
+    assert end.delta.text == "l" and end.delta.finish_reason == "length" and end.stop_core is None

@@ -78,11 +78,14 @@ def test_multibyte_characters_arrive_whole(client):
 
 # ---------------------------------------------------------------- stop strings and aborts
 
-def test_stop_string_cuts_and_aborts_at_the_core(engine, client):
+def test_stop_string_cuts_and_stops_at_the_core(engine, client):
     r = client.generate("hello world and more", max_tokens=100, stop="world",
                         request_id="stop-1")
     assert r.text == "hello " and r.finish_reason == "stop"
-    assert engine.core.abort_of(engine.fid("stop-1")) is not None
+    assert r.token_ids == list(b"hello world")   # up to the token completing the stop
+    stop = engine.core.stop_of(engine.fid("stop-1"))
+    assert stop is not None and stop.num_tokens == len(b"hello world")
+    assert r.metrics["queue_ms"] == 0.0 and r.metrics["e2e_ms"] >= r.metrics["ttft_ms"]
 
 
 def test_earliest_of_several_stops_wins(client):
