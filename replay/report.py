@@ -71,7 +71,7 @@ def request_life(log: LogFile, seq_id: int) -> str:
         return f"request {seq_id}: not in this log"
     lines = [f"request {seq_id} (client id {r['client_request_id']!r}), priority {r['priority']},"
              f" prompt {len(r['prompt_tokens'])} tokens, max_tokens {r['max_tokens']},"
-             f" sampling {r['sampling']}",
+             f" sampling {r['sampling']}" + (f", user {r['user']!r}" if r.get("user") else ""),
              f"  step {r['arrival_step']:>6}: arrived"]
     for row in log.steps():
         for c in row.schedule["prefill"]:
