@@ -19,6 +19,7 @@ class Part:
     sample: bool = True
     params: SamplingParams = field(default_factory=SamplingParams)
     gen_index: int = 0
+    banned: Sequence[int] = ()    # ids the sampled token must not be (min_tokens)
 
 
 def make_batch(parts: Sequence[Part], block_size: int, step: int = 0) -> ForwardBatch:
@@ -26,7 +27,8 @@ def make_batch(parts: Sequence[Part], block_size: int, step: int = 0) -> Forward
     rows = [i for i, p in enumerate(parts) if p.sample]
     return layout(step, block_size, range(len(parts)), [p.tokens for p in parts],
                   [p.table for p in parts], 0, [(p.start, p.start + p.length) for p in parts],
-                  rows, [parts[i].params for i in rows], [parts[i].gen_index for i in rows])
+                  rows, [parts[i].params for i in rows], [parts[i].gen_index for i in rows],
+                  [parts[i].banned for i in rows])
 
 
 def blocks_needed(tokens: int, block_size: int) -> int:

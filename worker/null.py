@@ -1,8 +1,12 @@
 """NullRunner: no model. Each sample row's token is a hash of its last input token and that
-token's position, so outputs are deterministic, cheap, and never EOS."""
+token's position (or the next id that is not banned), so outputs are deterministic, cheap, and
+never EOS."""
 from __future__ import annotations
 
-from core.ipc.protocol import I32, ForwardBatch, ModelInfo
+import math
+from itertools import islice
+
+from core.ipc.protocol import F64, I32, ForwardBatch, ModelInfo, StepResult
 from worker.presets import PRESETS
 from worker.preset_tokenizer import EOS_ID
 
@@ -16,6 +20,13 @@ def null_token(token: int, position: int, vocab_size: int, eos_id: int = EOS_ID)
     return t + 1 if t >= eos_id else t        # ... so EOS can be skipped over
 
 
+def unbanned(token: int, banned: set[int], vocab_size: int, eos_id: int = EOS_ID) -> int:
+    """The first id from `token` on (cyclically) that is neither banned nor EOS."""
+    while token in banned or token == eos_id:
+        token = (token + 1) % vocab_size
+    return token
+
+
 class NullRunner:
     def __init__(self, num_blocks: int = 256, block_size: int = 16, max_model_len: int = 2048,
                  tokenizer: str = ""):
@@ -24,11 +35,32 @@ class NullRunner:
                               max_model_len=max_model_len, vocab_size=vocab, eos_ids=[EOS_ID],
                               dtype="float32", device="cpu", tokenizer=tokenizer)
 
+    def run(self, batch: ForwardBatch) -> StepResult:
+        """execute()'s tokens. The model is deterministic: an asking row's chosen token has
+        logprob 0.0 and its k alternatives are the chosen token at 0.0, then ids 0, 1, ...
+        (skipping it) at -inf, the real runner's order for such logits."""
+        tokens = self.execute(batch)
+        if len(batch.logprobs) == 0:
+            return StepResult(step=batch.step, tokens=tokens)
+        top = [self._top(t, k) for t, k in zip(tokens, batch.logprobs)]
+        return StepResult(step=batch.step, tokens=tokens,
+                          logprobs=F64(0.0 if k >= 0 else math.nan for k in batch.logprobs),
+                          top_ids=I32(i for row in top for i, _ in row),
+                          top_logprobs=F64(lp for row in top for _, lp in row))
+
+    def _top(self, token: int, k: int) -> list[tuple[int, float]]:
+        others = islice((i for i in range(self.info.vocab_size) if i != token), max(k - 1, 0))
+        return [(token, 0.0), *((i, -math.inf) for i in others)][:max(k, 0)]
+
     def execute(self, batch: ForwardBatch) -> I32:
         qs, ids, pos = batch.query_start, batch.input_ids, batch.positions
         vocab = self.info.vocab_size
-        return I32(null_token(ids[qs[r + 1] - 1], pos[qs[r + 1] - 1], vocab)
-                   for r in batch.sample_rows)
+        out = I32(null_token(ids[qs[r + 1] - 1], pos[qs[r + 1] - 1], vocab)
+                  for r in batch.sample_rows)
+        starts = batch.banned_start
+        for j in range(len(starts) - 1):
+            out[j] = unbanned(out[j], set(batch.banned[starts[j]:starts[j + 1]]), vocab)
+        return out
 
     def logits(self, batch: ForwardBatch):
         """One-hot rows (for tests that treat every runner alike)."""

@@ -7,7 +7,7 @@ import sys
 import zmq
 
 from core.ipc.channel import Channel
-from core.ipc.protocol import ForwardBatch, ProtocolError, Shutdown, StepResult, WorkerReady
+from core.ipc.protocol import ForwardBatch, ProtocolError, Shutdown, WorkerReady
 
 
 def _log(msg: str) -> None:
@@ -29,7 +29,7 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
                 continue
             if isinstance(msg, Shutdown):
                 return
-            out.send(StepResult(step=msg.step, tokens=runner.execute(msg)))
+            out.send(runner.run(msg))
     finally:
         out.close()
         inp.close()

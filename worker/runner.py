@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from core.ipc.protocol import I32, ForwardBatch, ModelInfo
+from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
 from worker import native
 from worker.attention import KWARG
-from worker.sampler import SampleParams, sample
+from worker.sampler import sample_step
 from worker.step import build_step
 
 
@@ -33,10 +33,15 @@ class ModelRunner:
         return out.logits[0]
 
     @torch.inference_mode()
-    def execute(self, batch: ForwardBatch) -> I32:
-        """One token per sample row, in sample_rows order."""
+    def run(self, batch: ForwardBatch) -> StepResult:
+        """One token per sample row, in sample_rows order, and the logprobs asked for."""
         logits = self.logits(batch)
         if logits.shape[0] == 0:
-            return I32()
-        tokens = sample(logits, SampleParams.from_batch(batch)).to(torch.int32)
-        return I32(tokens.numpy().tobytes())
+            return StepResult(step=batch.step, tokens=I32())
+        tokens, lp = sample_step(logits, batch)
+        return StepResult(step=batch.step, tokens=I32(tokens.to(torch.int32).numpy().tobytes()),
+                          logprobs=lp.chosen, top_ids=lp.top_ids, top_logprobs=lp.top_logprobs)
+
+    def execute(self, batch: ForwardBatch) -> I32:
+        """run()'s tokens."""
+        return self.run(batch).tokens
