@@ -14,6 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from frontend.client import Client
+from tests.conftest import verify_log
 from frontend.tokenizer import Tokenizer
 from worker.load import resolve_model
 from worker.preset_tokenizer import build_tokenizer
@@ -147,3 +148,20 @@ def test_text_prompts_get_the_tokenizers_bos(tmp_path):
     assert t.encode("hi") == [bos, 104, 105] == AutoTokenizer.from_pretrained(tmp_path)("hi").input_ids
     assert t.encode("hi", add_special_tokens=False) == [104, 105]
     assert t.decode([bos, 104]) == "h" and t.decode([bos, 104], skip_special_tokens=False) == "<s>h"
+
+
+def test_replay_with_the_model_reproduces_penalties_logprobs_and_siblings(client, group, tmp_path):
+    """n sampled siblings of one prompt (own seeds), penalties and logprobs: the worker re-run
+    on the rebuilt batches gives every logged token again."""
+    kw = dict(max_tokens=10, temperature=0.8, repetition_penalty=1.3, frequency_penalty=0.4,
+              logprobs=2, min_tokens=3, ignore_eos=True)
+    for i in range(3):
+        client.generate(PROMPT, seed=100 + i, request_id=f"sib-{i}", **kw)
+    logged(group, "sib-2")
+    snapshot = tmp_path / "snapshot.db"
+    with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as src, \
+            sqlite3.connect(snapshot) as dst:
+        src.backup(dst)
+    r = verify_log(snapshot, "--with-model")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "with the model on cpu, float32" in r.stdout

@@ -51,10 +51,10 @@ def test_a_step_that_cannot_be_built_fails_only_its_requests(loop, monkeypatch):
     add(loop, 0, [1, 2, 3])
     real = core.engine.build_batch
 
-    def poisoned(step, out, sched, sampling):
+    def poisoned(step, out, *args):
         if any(c.id == 0 for c in out.prefill) or 0 in out.decode:
             raise OverflowError("int too large to convert")
-        return real(step, out, sched, sampling)
+        return real(step, out, *args)
     monkeypatch.setattr(core.engine, "build_batch", poisoned)
     loop.step()
     assert not loop.engine.sched.has_unfinished() and loop.seq_of == {}

@@ -195,3 +195,19 @@ def test_plot_writes_a_png(logs, tmp_path):
     out = tmp_path / "t.png"
     assert replay_main(["plot", str(logs["preempt"]), "-o", str(out)]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_with_model_refuses_a_device_this_machine_lacks(logs, tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    path = copy(logs["aborts"], tmp_path)
+    with sqlite3.connect(path) as conn:
+        info = json.loads(conn.execute("SELECT value FROM meta WHERE key='model_info'").fetchone()[0])
+        conn.execute("UPDATE meta SET value=? WHERE key='model_info'",
+                     (json.dumps({**info, "device": "cuda:0"}),))
+    assert replay_main(["verify", "--with-model", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert "made on cuda:0" in err and "no CUDA device" in err and "--device cpu" in err
+    assert replay_main(["verify", "--with-model", "--device", "cpu", str(path)]) == 0
+    assert "tokens may differ" in capsys.readouterr().err
