@@ -14,6 +14,7 @@ import pytest
 from core.ipc.protocol import (Abort, AddRequest, CoreStats, Delta, ErrorReply, Generate, I32,
                            Ping, Pong, Rejected, StepEvents, encode)
 from frontend.client import Client, ClientError
+from worker.preset_tokenizer import NUM_FIXED
 from tests.fake_core import EOS, MAX_MODEL_LEN, VOCAB, RawClient, running_engine
 
 
@@ -247,3 +248,10 @@ def test_stats(engine, client):
 def test_ping(raw):
     raw.send_msg(Ping())
     assert isinstance(raw.recv(skip=()), Pong)
+
+
+def test_skip_special_tokens_is_per_request(client):
+    ids = [104, NUM_FIXED - 2, 105]     # h, <|im_start|>, i
+    assert client.generate(ids, max_tokens=10).text == "hi"
+    assert client.generate(ids, max_tokens=10, skip_special_tokens=False).text == "h<|im_start|>i"
+
