@@ -137,12 +137,13 @@ def test_completion_equals_client_generate(oai, engine, case):
     assert got.usage.completion_tokens == len(want.token_ids)
     assert got.usage.total_tokens == len(want.prompt_token_ids) + len(want.token_ids)
 
-    chunks = list(oai.completions.create(model="tiny", stream=True, **case))
+    *chunks, last = oai.completions.create(model="tiny", stream=True,
+                                           stream_options={"include_usage": True}, **case)
     assert all(c.object == "text_completion" for c in chunks)
     assert "".join(c.choices[0].text for c in chunks) == want.text
     assert [c.choices[0].finish_reason for c in chunks][-1] == want.finish_reason
     assert all(c.choices[0].finish_reason is None and c.usage is None for c in chunks[:-1])
-    assert chunks[-1].usage.model_dump() == got.usage.model_dump()
+    assert last.choices == [] and last.usage.model_dump() == got.usage.model_dump()
 
 
 def test_chat_renders_the_template_and_equals_client_generate(oai, engine):
@@ -160,13 +161,14 @@ def test_chat_renders_the_template_and_equals_client_generate(oai, engine):
     assert got.usage.prompt_tokens == len(want.prompt_token_ids)
     assert got.usage.completion_tokens == len(want.token_ids)
 
-    chunks = list(oai.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
-                                              temperature=0, stream=True))
+    *chunks, last = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True})
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
     assert chunks[-1].choices[0].finish_reason == want.finish_reason
-    assert chunks[-1].usage.model_dump() == got.usage.model_dump()
+    assert last.choices == [] and last.usage.model_dump() == got.usage.model_dump()
 
 
 def test_models_lists_the_served_model(oai, gateway):
@@ -185,8 +187,9 @@ BAD = [
     ("temperature type", {"prompt": "x", "temperature": "hot"}, {}),
     ("stream type", {"prompt": "x", "stream": "yes"}, {}),
     ("stop type", {"prompt": "x", "stop": [1]}, {}),
-    ("n=2", {"prompt": "x", "n": 2}, {}),
-    ("logprobs", {"prompt": "x", "logprobs": 3}, {}),
+    ("n=17", {"prompt": "x", "n": 17}, {}),
+    ("logprobs 21", {"prompt": "x", "logprobs": 21}, {}),
+    ("unknown field", {"prompt": "x", "temprature": 0.5}, {}),
     ("top_p range", {"prompt": "x", "top_p": 5}, {}),
     ("max_tokens range", {"prompt": "x", "max_tokens": 0}, {}),
     ("empty prompt", {"prompt": ""}, {}),
@@ -206,7 +209,7 @@ def test_malformed_requests_get_400_in_openai_format(gateway, body, headers):
 
 def test_bad_chat_and_unknown_route(gateway, oai):
     for body in ({"messages": []}, {"messages": [{"role": "user"}]},
-                 {"messages": "hi"}, {"messages": [{"role": "user", "content": "x"}], "n": 3}):
+                 {"messages": "hi"}, {"messages": [{"role": "user", "content": "x"}], "n": 17}):
         status, _, reply = http("POST", gateway + "/v1/chat/completions", body)
         assert status == 400, (body, reply)
         assert_openai_error(reply, 400)
@@ -214,7 +217,7 @@ def test_bad_chat_and_unknown_route(gateway, oai):
     assert status == 404
     assert_openai_error(reply, 404)
     with pytest.raises(openai.BadRequestError):
-        oai.completions.create(model="tiny", prompt="x", n=2)
+        oai.completions.create(model="tiny", prompt="x", n=0)
 
 
 # ------------------------------------------------------------------ priority, 429, disconnect

@@ -64,9 +64,9 @@ def test_metrics_parse_and_move_with_traffic(gateway, oai, group):
                                extra_body={"ignore_eos": True})
     chunks = list(oai.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "and me"}], max_tokens=5,
-        stream=True, extra_body={"ignore_eos": True}))
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     b = chunks[-1].usage
-    assert http("POST", gateway + "/v1/completions", {"prompt": "x", "n": 2})[0] == 400
+    assert http("POST", gateway + "/v1/completions", {"prompt": "x", "n": 17})[0] == 400
     after = scrape(gateway)
 
     assert moved(before, after, "tl_http_requests_total", path="/v1/completions", code="200") == 1

@@ -1,4 +1,5 @@
-"""The gateway's aiohttp application: OpenAI's routes, /health and /metrics.
+"""The gateway's aiohttp application: OpenAI's routes, vLLM's /tokenize and /detokenize,
+/health and /metrics.
 
 Every handler reaches the engine through the one AsyncClient in `Gateway`; every error
 leaves in OpenAI's format ({"error": {message, type, param, code}}).
@@ -9,6 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -17,17 +19,13 @@ from core.ipc.lifeline import pid_alive
 from frontend.client.common import ClientError
 from frontend.http.pool import ClientPool
 from frontend.http.chat import ChatTemplate
+from frontend.http.errors import ApiError
 from frontend.http.format import ChatFormat, CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
 from frontend.http.jsonbody import parse_json
 from frontend.http.metrics import Metrics
-from frontend.http.schema import (
-    PRIORITY_HEADER,
-    ApiError,
-    parse_chat,
-    parse_completion,
-    parse_priority,
-)
+from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
+from frontend.http.tokens import Tokens, detokenize, tokenize
 
 log = logging.getLogger("http")
 
@@ -53,6 +51,11 @@ class Gateway:
         pool = self.client
         return pool.member(request.remote) if isinstance(pool, ClientPool) else pool
 
+    @cached_property
+    def tokens(self) -> Tokens | None:
+        """The served tokenizer (None in tests that run without one)."""
+        return None if self.chat is None else Tokens(self.chat.tokenizer)
+
 
 GATEWAY = web.AppKey("gateway", Gateway)
 
@@ -64,6 +67,8 @@ def make_app(gw: Gateway) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize_route)
+    app.router.add_post("/detokenize", detokenize_route)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     return app
@@ -125,7 +130,8 @@ def error_response(e: ApiError) -> web.Response:
 # ------------------------------------------------------------------ handlers
 
 
-async def _body(request: web.Request) -> tuple[dict, int]:
+async def _body(request: web.Request) -> tuple[dict, int | None]:
+    """The JSON body and the X-TL-Priority header (None when absent)."""
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
     timeout = request.app[GATEWAY].body_timeout
     try:
@@ -139,8 +145,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
     gen = parse_completion(body, priority, gw.max_model_len)
-    return await generate(request, gw.client_for(request), gen, CompletionFormat(gw.model),
-                          gw.metrics)
+    return await generate(request, gw.client_for(request), gen,
+                          CompletionFormat(gw.model, gen, gw.tokens), gw.metrics)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -148,8 +154,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body, priority = await _body(request)
     # No max_tokens: run to the context limit (the engine ends such a request "length").
     gen = parse_chat(body, priority, gw.chat.render, gw.max_model_len, gw.max_model_len)
-    return await generate(request, gw.client_for(request), gen, ChatFormat(gw.model),
-                          gw.metrics)
+    return await generate(request, gw.client_for(request), gen,
+                          ChatFormat(gw.model, gen, gw.tokens), gw.metrics)
+
+
+async def tokenize_route(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    body, _ = await _body(request)
+    return web.json_response(tokenize(gw.tokens, body, gw.chat.render, gw.max_model_len))
+
+
+async def detokenize_route(request: web.Request) -> web.Response:
+    body, _ = await _body(request)
+    return web.json_response(detokenize(request.app[GATEWAY].tokens, body))
 
 
 async def models(request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from core.chatml import CHATML_TEMPLATE
-from frontend.http.schema import ApiError
+from frontend.http.errors import ApiError
 
 
 class ChatTemplate:
@@ -28,11 +28,16 @@ class ChatTemplate:
             hf.chat_template = CHATML_TEMPLATE
         return cls(hf, builtin)
 
-    def render(self, messages: list[dict]) -> str:
+    @property
+    def tokenizer(self):
+        """The served model's Hugging Face tokenizer (the engine's, from the same directory)."""
+        return self._hf
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         from jinja2 import TemplateError
         try:
             return self._hf.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=True)
+                                                add_generation_prompt=add_generation_prompt)
         except (TemplateError, ValueError) as e:  # e.g. the template's raise_exception
             raise ApiError(400, f"the chat template refused the messages: {e}",
                            "messages") from None

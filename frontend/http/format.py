@@ -1,20 +1,27 @@
 """The gateway's replies in OpenAI's shapes: text_completion, chat.completion and their
-streaming chunks, with `usage` on the whole reply and on the final chunk.
+streaming chunks, for n choices, with logprobs when asked and the engine's request
+metrics under the top-level key `tl`.
 
+`usage` (prompt tokens once, completion tokens summed over the choices) is on every whole
+reply; in a stream only when stream_options.include_usage asks, as one last chunk with no
+choices. `tl` is choice 0's Delta.metrics, on the whole reply and on a stream's last chunk;
+with n > 1 every choice carries its own too (in a stream, on its finishing chunk).
 finish_reason keeps OpenAI's values: the engine's "stop" and "length" pass through; an
-engine "abort" (drain timeout, operator abort) never becomes a finish_reason: the gateway
-answers it as a 503 error instead (see frontend/http/generate.py).
+engine "abort" never becomes one: the gateway answers it as a 503 instead (generate.py).
 """
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
+
+from frontend.http import logprobs
+from frontend.http.schema import GenRequest
+from frontend.http.tokens import Tokens
 
 
 @dataclass
 class Tally:
-    """One request's progress: text so far, token counts and the times the metrics need."""
+    """One choice's progress: its text, tokens, logprobs and the times the metrics need."""
     started: float
     text: str = ""
     prompt_tokens: int = 0
@@ -22,10 +29,14 @@ class Tally:
     first_token_at: float | None = None
     last_token_at: float | None = None
     finish_reason: str | None = None
-    id_hex: str = field(default_factory=lambda: uuid.uuid4().hex)
+    answered: bool = False         # a first delta came
+    entries: list = field(default_factory=list)
+    metrics: dict | None = None
 
     def add(self, d, now: float) -> None:
+        self.answered = True
         self.text += d.text
+        self.entries += logprobs.entries(d)
         if d.prompt_token_ids is not None:
             self.prompt_tokens = len(d.prompt_token_ids)
         if d.token_ids:
@@ -33,59 +44,114 @@ class Tally:
             self.first_token_at = self.first_token_at or now
             self.last_token_at = now
         if d.finish_reason is not None:
-            self.finish_reason = d.finish_reason
+            self.finish_reason, self.metrics = d.finish_reason, d.metrics
 
-    def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+def usage(tallies: list[Tally]) -> dict:
+    prompt = tallies[0].prompt_tokens
+    completion = sum(t.completion_tokens for t in tallies)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 class CompletionFormat:
+    """Stateful per request: a stream's chunks must be made in the order they are sent."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, gen: GenRequest, tokens: Tokens | None = None):
         self.model, self.created = model, int(time.time())
+        self.id = self.id_prefix + gen.msg.request_id
+        self.n, self.usage_chunk = gen.n, gen.include_usage
+        self.logprobs = gen.msg.logprobs is not None
+        self.tokens = tokens
+        self.echo = _echo_text(gen, tokens)
+        self._carry: list[list] = [[] for _ in range(gen.n)]  # logprobs of unsent tokens
+        self._offset = [0] * gen.n                             # completions' text_offset
+        self._unsent = [True] * gen.n                          # no chunk of choice i yet
+        self._finished = 0
 
-    def _head(self, t: Tally, obj: str) -> dict:
-        return {"id": self.id_prefix + t.id_hex, "object": obj, "created": self.created,
-                "model": self.model}
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def body(self, t: Tally) -> dict:
-        choice = {"index": 0, "text": t.text, "logprobs": None,
-                  "finish_reason": t.finish_reason}
-        return {**self._head(t, self.object), "choices": [choice], "usage": t.usage()}
+    def body(self, tallies: list[Tally]) -> dict:
+        choices = []
+        for i, t in enumerate(tallies):
+            choice = self._whole(i, t)
+            if self.n > 1:
+                choice["tl"] = t.metrics
+            choices.append(choice)
+        return {**self._head(self.object), "choices": choices, "usage": usage(tallies),
+                "tl": tallies[0].metrics}
 
-    def opening(self, t: Tally) -> list[dict]:
+    def opening(self) -> list[dict]:
         return []
 
-    def chunk(self, t: Tally, text: str, finish: str | None) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return self._with_usage({**self._head(t, self.chunk_object), "choices": [choice]},
-                                t, finish)
+    def chunk(self, tallies: list[Tally], i: int, d) -> dict | None:
+        """Choice i's chunk for delta d; None for a delta with no text yet (its logprobs
+        go with the next chunk of the choice)."""
+        self._carry[i] += logprobs.entries(d)
+        if not d.text and d.finish_reason is None:
+            return None
+        got, self._carry[i] = self._carry[i], []
+        choice = self._part(i, d.text, got, d.finish_reason)
+        self._unsent[i] = False
+        out = {**self._head(self.chunk_object), "choices": [choice]}
+        if d.finish_reason is not None:
+            self._finished += 1
+            if self.n > 1:
+                choice["tl"] = d.metrics
+            if self._finished == self.n and not self.usage_chunk:
+                out["tl"] = tallies[0].metrics
+        return out
 
-    @staticmethod
-    def _with_usage(chunk: dict, t: Tally, finish: str | None) -> dict:
-        if finish is not None:
-            chunk["usage"] = t.usage()
-        return chunk
+    def closing(self, tallies: list[Tally]) -> list[dict]:
+        if not self.usage_chunk:
+            return []
+        return [{**self._head(self.chunk_object), "choices": [], "usage": usage(tallies),
+                 "tl": tallies[0].metrics}]
+
+    # ------------------------------------------------------------ per endpoint
+
+    def _whole(self, i: int, t: Tally) -> dict:
+        return {"index": i, "text": self.echo + t.text, "logprobs": self._lp(i, t.entries),
+                "finish_reason": t.finish_reason}
+
+    def _part(self, i: int, text: str, got: list, finish: str | None) -> dict:
+        if self._unsent[i]:
+            text = self.echo + text
+        return {"index": i, "text": text, "logprobs": self._lp(i, got),
+                "finish_reason": finish}
+
+    def _lp(self, i: int, got: list) -> dict | None:
+        if not self.logprobs:
+            return None
+        shaped, self._offset[i] = logprobs.completion(self.tokens, got, self._offset[i])
+        return shaped
 
 
 class ChatFormat(CompletionFormat):
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
-    def body(self, t: Tally) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": t.text},
-                  "logprobs": None, "finish_reason": t.finish_reason}
-        return {**self._head(t, self.object), "choices": [choice], "usage": t.usage()}
+    def opening(self) -> list[dict]:
+        return [{**self._head(self.chunk_object),
+                 "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}]}
+                for i in range(self.n)]
 
-    def opening(self, t: Tally) -> list[dict]:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                  "logprobs": None, "finish_reason": None}
-        return [{**self._head(t, self.chunk_object), "choices": [choice]}]
+    def _whole(self, i: int, t: Tally) -> dict:
+        return {"index": i, "message": {"role": "assistant", "content": t.text},
+                "logprobs": self._lp(i, t.entries), "finish_reason": t.finish_reason}
 
-    def chunk(self, t: Tally, text: str, finish: str | None) -> dict:
-        delta = {"content": text} if text else {}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return self._with_usage({**self._head(t, self.chunk_object), "choices": [choice]},
-                                t, finish)
+    def _part(self, i: int, text: str, got: list, finish: str | None) -> dict:
+        return {"index": i, "delta": {"content": text} if text else {},
+                "logprobs": self._lp(i, got), "finish_reason": finish}
+
+    def _lp(self, i: int, got: list) -> dict | None:
+        return logprobs.chat(self.tokens, got) if self.logprobs else None
+
+
+def _echo_text(gen: GenRequest, tokens: Tokens | None) -> str:
+    if not gen.echo:
+        return ""
+    prompt = gen.msg.prompt
+    return prompt if isinstance(prompt, str) else tokens.decode(prompt, "prompt")

@@ -1,23 +1,25 @@
-"""One generation request through the AsyncClient, answered as JSON or as Server-Sent Events.
+"""One generation body through the AsyncClient (n engine requests, see fanout.py),
+answered as JSON or as Server-Sent Events.
 
-The response starts only once the engine's first answer arrives, so a refusal (400, 429,
-503) is still an HTTP status and not an event in a 200 stream. The AsyncClient stream is
-always closed on the way out: a client that disconnects (aiohttp then cancels the
-handler) aborts its request in the engine. An error after the stream started is sent as
-an OpenAI error event (`data: {"error": ...}`), then `data: [DONE]`.
+The response starts only once every choice has the engine's first answer, so a refusal
+(400, 429, 503) of any choice is still an HTTP status and not an event in a 200 stream.
+A choice that fails fails the whole reply, and the other choices are aborted. An error
+after the stream started is sent as an OpenAI error event (`data: {"error": ...}`), then
+`data: [DONE]`.
 """
 from __future__ import annotations
 
 import json
 import time
-from contextlib import aclosing
 
 from aiohttp import web
 
 from frontend.client.common import ClientError
+from frontend.http.errors import ApiError
+from frontend.http.fanout import FanOut
 from frontend.http.format import CompletionFormat, Tally
 from frontend.http.metrics import Metrics
-from frontend.http.schema import ApiError, GenRequest
+from frontend.http.schema import GenRequest
 
 RETRY_AFTER_S = 1  # a full queue drains within steps; clients should come back soon
 ABORTED = "the engine aborted the request (shutting down or aborted by an operator)"
@@ -29,49 +31,52 @@ def api_error(e: ClientError) -> ApiError:
 
 async def generate(request: web.Request, client, gen: GenRequest, fmt: CompletionFormat,
                    metrics: Metrics) -> web.StreamResponse:
-    tally = Tally(time.monotonic())
+    tallies = [Tally(time.monotonic()) for _ in range(gen.n)]
     try:
-        async with aclosing(client.stream(**gen.client_kwargs())) as deltas:
-            first = await _next(deltas, tally)
-            if first.finish_reason == "abort":  # nothing sent yet: still an HTTP status
-                raise ApiError(503, ABORTED)
+        async with FanOut(client, [gen.client_kwargs(i) for i in range(gen.n)]) as fan:
+            early = []  # deltas that came before every choice had answered
+            while not all(t.answered for t in tallies):
+                early.append(await _next(fan, tallies))
             if gen.stream:
-                return await _answer_sse(request, deltas, first, tally, fmt)
-            return await _answer_json(deltas, first, tally, fmt)
+                return await _answer_sse(request, fan, early, tallies, fmt)
+            while not _finished(tallies):
+                await _next(fan, tallies)
+            return web.json_response(fmt.body(tallies))
     finally:
-        metrics.observe_request(tally)
+        for t in tallies:
+            metrics.observe_request(t)
 
 
-async def _next(deltas, tally: Tally):
+def _finished(tallies: list[Tally]) -> bool:
+    return all(t.finish_reason is not None for t in tallies)
+
+
+async def _next(fan: FanOut, tallies: list[Tally]):
     try:
-        d = await anext(deltas)
+        i, d = await fan.next()
     except ClientError as e:
         raise api_error(e) from None
-    tally.add(d, time.monotonic())
-    return d
-
-
-async def _answer_json(deltas, d, tally: Tally, fmt: CompletionFormat) -> web.Response:
-    while d.finish_reason is None:
-        d = await _next(deltas, tally)
+    tallies[i].add(d, time.monotonic())
     if d.finish_reason == "abort":
         raise ApiError(503, ABORTED)
-    return web.json_response(fmt.body(tally))
+    return i, d
 
 
-async def _answer_sse(request: web.Request, deltas, d, tally: Tally,
+async def _answer_sse(request: web.Request, fan: FanOut, early: list, tallies: list[Tally],
                       fmt: CompletionFormat) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    for chunk in fmt.opening(tally):
+    for chunk in fmt.opening():
         await _event(resp, chunk)
     try:
-        while True:
-            await _send_delta(resp, d, tally, fmt)
-            if d.finish_reason is not None:
-                break
-            d = await _next(deltas, tally)
+        for i, d in early:
+            await _event(resp, fmt.chunk(tallies, i, d))
+        while not _finished(tallies):
+            i, d = await _next(fan, tallies)
+            await _event(resp, fmt.chunk(tallies, i, d))
+        for chunk in fmt.closing(tallies):
+            await _event(resp, chunk)
     except ApiError as e:
         await _event(resp, e.body())
     await resp.write(b"data: [DONE]\n\n")
@@ -79,12 +84,7 @@ async def _answer_sse(request: web.Request, deltas, d, tally: Tally,
     return resp
 
 
-async def _send_delta(resp, d, tally: Tally, fmt: CompletionFormat) -> None:
-    if d.finish_reason == "abort":
-        raise ApiError(503, ABORTED)
-    if d.text or d.finish_reason is not None:
-        await _event(resp, fmt.chunk(tally, d.text, d.finish_reason))
-
-
-async def _event(resp: web.StreamResponse, obj: dict) -> None:
-    await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+async def _event(resp: web.StreamResponse, obj: dict | None) -> None:
+    if obj is not None:
+        await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+                         + b"\n\n")

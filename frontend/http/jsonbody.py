@@ -9,7 +9,7 @@ import json
 import math
 import re
 
-from frontend.http.schema import ApiError
+from frontend.http.errors import ApiError
 
 MAX_DEPTH = 32                   # OpenAI's bodies nest 5 deep (messages -> content parts)
 INT_RANGE = (-2 ** 63, 2 ** 64)  # what msgpack can carry

@@ -1,0 +1,54 @@
+"""n engine requests for one HTTP body, read as one stream of (choice index, Delta) in
+arrival order.
+
+Each choice's stream runs in a task of its own. Leaving the `async with` (the reply is
+done, a choice failed, or the HTTP client left and aiohttp cancelled the handler) cancels
+every task, and each task's stream is closed on its way out: the engine aborts every
+choice that had not finished.
+"""
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+from frontend.client.common import ClientError
+
+UNFINISHED = "the engine's stream ended without a finish"
+
+
+class FanOut:
+    def __init__(self, client, requests: list[dict]):
+        """`requests`: each choice's AsyncClient.stream arguments."""
+        self._client, self._requests = client, requests
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+
+    async def __aenter__(self) -> FanOut:
+        self._tasks = [asyncio.create_task(self._pump(i, kw))
+                       for i, kw in enumerate(self._requests)]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def next(self):
+        """The next (index, Delta) of any choice; raises the first failure of any choice.
+        Call it only while some choice has not finished."""
+        i, item = await self._queue.get()
+        if isinstance(item, Exception):
+            raise item
+        return i, item
+
+    async def _pump(self, i: int, kw: dict) -> None:
+        finished = False
+        try:
+            async with aclosing(self._client.stream(**kw)) as deltas:
+                async for d in deltas:
+                    finished = d.finish_reason is not None
+                    self._queue.put_nowait((i, d))
+            if not finished:
+                self._queue.put_nowait((i, ClientError(503, UNFINISHED)))
+        except Exception as e:  # noqa: BLE001  (handed to the reader, who raises it)
+            self._queue.put_nowait((i, e))

@@ -1,0 +1,70 @@
+"""The served tokenizer as the gateway uses it: token strings for logprobs, the prompt text
+for echo, and the /tokenize and /detokenize bodies (vLLM's shapes).
+
+Tokenizing is what the engine does to a completion prompt: `tokenizer(text)` with the
+request's add_special_tokens (frontend/tokenizer.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from frontend.http import fields
+from frontend.http.allowed import check_known
+from frontend.http.errors import ApiError
+from frontend.http.fields import BOOL, IDS, STR, get
+
+TOKENIZE = frozenset({"model", "prompt", "messages", "add_special_tokens",
+                      "add_generation_prompt", "return_token_strs"})
+DETOKENIZE = frozenset({"model", "tokens"})
+
+
+class Tokens:
+    def __init__(self, hf):
+        self._hf = hf
+        self._pieces: dict[int, str] = {}
+
+    def piece(self, token_id: int) -> str:
+        """The token decoded alone (a part of a multi-byte character decodes to U+FFFD)."""
+        s = self._pieces.get(token_id)
+        if s is None:
+            s = self._pieces[token_id] = self._hf.decode([token_id], skip_special_tokens=False)
+        return s
+
+    def decode(self, ids: list[int], param: str = "tokens") -> str:
+        """`param`: the body field the ids came from, named by the 400 for a bad id."""
+        bad = next((t for t in ids if not 0 <= t < len(self._hf)), None)
+        if bad is not None:
+            raise ApiError(400, f"token {bad} is outside the vocabulary [0, {len(self._hf)})",
+                           param)
+        return self._hf.decode(ids, skip_special_tokens=False)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._hf(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return list(self._hf.convert_ids_to_tokens(ids))
+
+
+def tokenize(tokens: Tokens, body: dict, render: Callable[..., str],
+             max_model_len: int) -> dict:
+    """`render(messages, add_generation_prompt)`: the chat template."""
+    check_known(body, TOKENIZE)
+    get(body, "model", STR)
+    if ("prompt" in body) == ("messages" in body):
+        raise ApiError(400, "give exactly one of prompt and messages", "prompt")
+    if "prompt" in body:
+        text, special = get(body, "prompt", STR, ""), True
+    else:
+        text = render(fields.messages(body["messages"]),
+                      get(body, "add_generation_prompt", BOOL, True))
+        special = False  # the template holds the special tokens
+    ids = tokens.encode(text, get(body, "add_special_tokens", BOOL, special))
+    strs = tokens.token_strs(ids) if get(body, "return_token_strs", BOOL, False) else None
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
+            "token_strs": strs}
+
+
+def detokenize(tokens: Tokens, body: dict) -> dict:
+    check_known(body, DETOKENIZE)
+    get(body, "model", STR)
+    return {"prompt": tokens.decode(get(body, "tokens", IDS, []))}
