@@ -7,10 +7,13 @@ from worker.presets import Preset, write_checkpoint
 
 
 def make_checkpoint(tmp_path_factory, name: str, seed: int, config: dict,
-                    init_std: float = 0.25) -> Path:
-    """An HF directory (with the byte tokenizer) built from `config`, seeded."""
+                    init_std: float = 0.25, bias_std: float = 0.0, bos: bool = False) -> Path:
+    """An HF directory (with the byte tokenizer, prepending a BOS with `bos`) built from
+    `config`, seeded; biases drawn with `bias_std` (else zero)."""
     path = tmp_path_factory.mktemp(name)
     write_checkpoint(Preset(f"{name}-test", "t", init_std=init_std, seed=seed,
-                            config={"eos_token_id": 256, "tie_word_embeddings": False,
+                            bias_std=bias_std, bos=bos,
+                            config={"eos_token_id": 256, "pad_token_id": 256,
+                                    "tie_word_embeddings": False,
                                     "max_position_embeddings": 1024, **config}), path)
     return path

@@ -15,10 +15,15 @@ slower on a 512-token chunk of smol).
 No mask function is registered for "tl_paged": transformers 5.24 then builds no attention
 mask at all (create_causal_mask returns None for attention names it has no mask for),
 where sdpa's would build a [T, T] mask for the flattened step (6.6 ms at T = 2048 on CPU).
+
+A layer's `sliding_window` keyword W picks the step's masks cut to that window (a query at
+position p sees keys p - W < k <= p, transformers' sliding_window_overlay), built once per
+step by worker/step.py. `softcap` (Gemma2) caps the scores as tanh(s / cap) * cap before the
+mask; SDPA has no such option, so those layers take the same math written out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +33,8 @@ from worker import native
 
 NAME = "tl_paged"
 KWARG = "tl_paged"  # the model(...) keyword that carries the PagedStep to every layer
+# Keywords the models pass that concern other parts of the forward, not attention's result.
+PASSIVE = frozenset({KWARG, "position_ids", "use_cache", "output_router_logits"})
 
 
 @dataclass
@@ -36,8 +43,9 @@ class PrefillSpan:
     one-token sequence after one), attended alone: tokens [begin, end) of the step."""
     begin: int
     end: int
-    slots: torch.Tensor        # [context] cache slots of positions 0..context-1
-    mask: torch.Tensor | None  # [1, 1, length, context] bool, True = attend; None = causal
+    slots: torch.Tensor        # [keys] cache slots of positions first..context-1, where
+                               # first is 0 or, in a sliding window, the first it reaches
+    mask: torch.Tensor | None  # [1, 1, length, keys] bool, True = attend; None = causal
 
 
 @dataclass
@@ -64,11 +72,24 @@ class PagedStep:
     decode_groups: list[DecodeGroup]
     spans: list[PrefillSpan]
     native: NativeDecode | None = None   # set: decodes take the C kernel, not the groups
+    # per sliding window W: the decode groups and spans with masks (and span slots) cut to W
+    windows: dict[int, tuple[list[DecodeGroup], list[PrefillSpan]]] = field(default_factory=dict)
+
+    def masks(self, window: int | None) -> tuple[list[DecodeGroup], list[PrefillSpan]]:
+        if window is None:
+            return self.decode_groups, self.spans
+        if window not in self.windows:
+            raise ValueError(f"a layer asks for sliding window {window}, the step was built "
+                             f"for {sorted(self.windows) or 'none'}")
+        return self.windows[window]
 
 
-def paged_attention(module, query, key, value, attention_mask=None, scaling=None, **kwargs):
+def paged_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
+                    sliding_window=None, softcap=None, **kwargs):
     """query [1, H, T, D], key/value [1, KVH, T, D] -> ([1, T, H, D], None)."""
+    _refuse_unknown(module, attention_mask, dropout, kwargs)
     step: PagedStep = kwargs[KWARG]
+    groups, spans = step.masks(sliding_window)
     _, heads, tokens, dim = query.shape
     rep = heads // key.shape[1]
     cache = step.kv[module.layer_idx]                           # [2, N, B, KVH, D]
@@ -79,34 +100,52 @@ def paged_attention(module, query, key, value, attention_mask=None, scaling=None
     q = query[0]                                                # [H, T, D]
     nd = step.num_decode
     if nd == tokens:
-        return _decode(q, cache, step, rep, scaling).unsqueeze(0), None
+        return _decode(q, cache, step, groups, rep, scaling, softcap).unsqueeze(0), None
     out = query.new_empty(tokens, heads, dim)
     if nd:
-        out[:nd] = _decode(q[:, :nd], cache, step, rep, scaling)
-    for s in step.spans:
-        out[s.begin:s.end] = _span(q[:, s.begin:s.end], flat, s, rep, scaling)
+        out[:nd] = _decode(q[:, :nd], cache, step, groups, rep, scaling, softcap)
+    for s in spans:
+        out[s.begin:s.end] = _span(q[:, s.begin:s.end], flat, s, rep, scaling, softcap)
     return out.unsqueeze(0), None
 
 
-def _decode(q, cache, step: PagedStep, rep: int, scaling) -> torch.Tensor:
+def _refuse_unknown(module, attention_mask, dropout, kwargs) -> None:
+    """A keyword this attention does not implement would be silently ignored: refuse it
+    (worker/runner.py probes this at load, so a checkpoint fails there, not mid-serving)."""
+    if attention_mask is not None:
+        raise ValueError(f"{type(module).__name__} passes its own attention mask, which the "
+                         "paged attention does not follow")
+    extra = [k for k, v in kwargs.items() if v is not None and k not in PASSIVE]
+    if dropout:
+        extra.append("dropout")
+    if extra:
+        raise ValueError(f"{type(module).__name__} passes {', '.join(extra)}, which the "
+                         "paged attention does not implement")
+
+
+def _decode(q, cache, step: PagedStep, groups: list[DecodeGroup], rep: int, scaling,
+            softcap) -> torch.Tensor:
     """q [H, n, D] for n one-token sequences -> [n, H, D]."""
     heads, n, dim = q.shape
     if step.native is not None:
+        if softcap is not None:  # build_step refuses the kernel with windows
+            raise ValueError("the C decode kernel has no softcap")
         return native.paged_decode(q.transpose(0, 1), cache[0], cache[1], step.native.tables,
                                    step.native.context, scaling)
     qg = q.transpose(0, 1).reshape(n, heads // rep, rep, dim)   # [n, KVH, rep, D]
-    groups = step.decode_groups
     if len(groups) == 1 and groups[0].rows is None:
-        return _decode_group(qg, cache, groups[0], scaling).reshape(n, heads, dim)
+        return _decode_group(qg, cache, groups[0], scaling, softcap).reshape(n, heads, dim)
     out = qg.new_empty(qg.shape)
     for g in groups:
-        out[g.rows] = _decode_group(qg[g.rows], cache, g, scaling)
+        out[g.rows] = _decode_group(qg[g.rows], cache, g, scaling, softcap)
     return out.reshape(n, heads, dim)
 
 
-def _decode_group(qg, cache, g: DecodeGroup, scaling) -> torch.Tensor:
+def _decode_group(qg, cache, g: DecodeGroup, scaling, softcap) -> torch.Tensor:
     k = _gather(cache[0], g.tables)                             # [g, KVH, L, D]
     v = _gather(cache[1], g.tables)
+    if softcap is not None:
+        return _softcapped(qg, k, v, g.mask, scaling, softcap)
     return F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scaling)
 
 
@@ -119,14 +158,31 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     return blocks.view(n, width * block, kv_heads, dim).transpose(1, 2)
 
 
-def _span(q, flat, s: PrefillSpan, rep: int, scaling) -> torch.Tensor:
+def _span(q, flat, s: PrefillSpan, rep: int, scaling, softcap) -> torch.Tensor:
     """q [H, m, D] for one sequence's m query tokens -> [m, H, D]."""
     k = flat[0].index_select(0, s.slots).transpose(0, 1)        # [KVH, ctx, D]
     v = flat[1].index_select(0, s.slots).transpose(0, 1)
+    if softcap is not None:
+        heads, m, dim = q.shape
+        mask = s.mask
+        if mask is None:
+            mask = torch.ones(m, len(s.slots), dtype=torch.bool, device=q.device).tril()
+        o = _softcapped(q.view(heads // rep, rep, m, dim), k[:, None], v[:, None], mask,
+                        scaling, softcap)                       # [KVH, rep, m, D]
+        return o.reshape(heads, m, dim).transpose(0, 1)
     o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=s.mask,
                                        is_causal=s.mask is None, scale=scaling,
                                        enable_gqa=rep > 1)
     return o[0].transpose(0, 1)
+
+
+def _softcapped(q, k, v, mask, scaling, softcap) -> torch.Tensor:
+    """SDPA's math with capped scores, as transformers' eager attention computes it:
+    q [..., Q, D], k/v [..., L, D], mask broadcastable to [..., Q, L] (True = attend)."""
+    scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scaling is None else scaling)
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
 def register() -> None:

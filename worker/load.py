@@ -51,34 +51,36 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path))
-    return ModelRunner(hf, cache, info)
+    runner = ModelRunner(hf, cache, info)
+    runner.probe()
+    return runner
 
 
 def load_model(path: Path, device: str = "cpu", dtype: str = "float32"):
-    """The checkpoint as a transformers model whose attention is the paged one."""
+    """The checkpoint as a transformers model whose attention is the paged one; ValueError
+    for an architecture or config feature it does not serve exactly (worker/archs.py)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from worker import attention
+    from worker import archs, attention
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device cuda requested but torch sees no CUDA device")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    archs.check(config)
     attention.register()
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+    hf = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype),
                                               local_files_only=True,
                                               attn_implementation=attention.NAME)
     return hf.to(dev).eval()
 
 
 def _context_limit(cfg, requested: int | None) -> int:
-    """At most the model's positions; a sliding window also caps it, since the paged
-    attention is full attention and equals windowed attention only within the window."""
+    """At most the model's positions (a sliding window does not cap it: the paged attention
+    attends within the window)."""
     limit = cfg.max_position_embeddings
-    window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True):
-        limit = min(limit, window)
     if requested is not None:
         if requested > limit:
             raise ValueError(f"max_model_len {requested} exceeds the model's limit {limit}")

@@ -2,7 +2,7 @@
 then placeholder tokens up to the vocabulary size, so every id decodes."""
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models
+from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 from tokenizers.pre_tokenizers import ByteLevel
 
 from core.chatml import CHATML_TEMPLATE
@@ -11,6 +11,8 @@ EOS = "<|endoftext|>"
 SPECIALS = (EOS, "<|im_start|>", "<|im_end|>")
 EOS_ID = 256  # the first special, right after the 256 bytes
 NUM_FIXED = 256 + len(SPECIALS)
+BOS = "<|startoftext|>"  # only with bos=True: id BOS_ID, prepended to every encoding
+BOS_ID = NUM_FIXED
 
 
 def _byte_chars() -> dict[int, str]:
@@ -25,27 +27,32 @@ def _byte_chars() -> dict[int, str]:
     return chars
 
 
-def build_tokenizer(vocab_size: int) -> Tokenizer:
-    if vocab_size < NUM_FIXED:
-        raise ValueError(f"vocab_size must be at least {NUM_FIXED}")
+def build_tokenizer(vocab_size: int, bos: bool = False) -> Tokenizer:
+    specials = (*SPECIALS, BOS) if bos else SPECIALS
+    fixed = 256 + len(specials)
+    if vocab_size < fixed:
+        raise ValueError(f"vocab_size must be at least {fixed}")
     vocab = {ch: b for b, ch in _byte_chars().items()}
-    for i, s in enumerate(SPECIALS):
+    for i, s in enumerate(specials):
         vocab[s] = 256 + i
     # Placeholders are plain vocabulary entries (no merges produce them): they only decode.
-    for i in range(NUM_FIXED, vocab_size):
+    for i in range(fixed, vocab_size):
         vocab[f"<|extra_{i}|>"] = i
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, BOS_ID)])
     return tok
 
 
-def save_tokenizer(vocab_size: int, path: str) -> None:
+def save_tokenizer(vocab_size: int, path: str, bos: bool = False) -> None:
     """Write tokenizer.json, tokenizer_config.json and the chat template into `path`."""
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(vocab_size), eos_token=EOS,
-                                 pad_token=EOS, bos_token=None)
+    hf = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(vocab_size, bos),
+                                 eos_token=EOS, pad_token=EOS, bos_token=BOS if bos else None)
     hf.chat_template = CHATML_TEMPLATE
     hf.save_pretrained(path)

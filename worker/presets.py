@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.preset_tokenizer import EOS_ID, save_tokenizer
+from worker.preset_tokenizer import BOS_ID, EOS_ID, save_tokenizer
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class Preset:
     config: dict = field(hash=False)
     init_std: float
     seed: int = 0
+    bias_std: float = 0.0  # > 0: biases are drawn too (else they stay at HF's zero init)
+    bos: bool = False      # the tokenizer prepends a BOS token (worker/preset_tokenizer.py)
 
 
 _LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
@@ -74,15 +76,17 @@ def write_checkpoint(p: Preset, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    cfg = dict(p.config)
+    cfg = dict(p.config, **({"bos_token_id": BOS_ID} if p.bos else {}))
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg, initializer_range=p.init_std)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(p.seed)
     with torch.no_grad():
-        for _, param in sorted(model.named_parameters()):
+        for name, param in sorted(model.named_parameters()):
             if param.dim() >= 2:  # matrices and embeddings; norm weights stay at 1
                 param.copy_(torch.randn(param.shape, generator=gen) * p.init_std)
+            elif p.bias_std and name.endswith(".bias"):
+                param.copy_(torch.randn(param.shape, generator=gen) * p.bias_std)
     model.generation_config = GenerationConfig(eos_token_id=EOS_ID, pad_token_id=EOS_ID,
-                                               bos_token_id=None)
+                                               bos_token_id=BOS_ID if p.bos else None)
     model.save_pretrained(out)
-    save_tokenizer(config.vocab_size, str(out))
+    save_tokenizer(config.vocab_size, str(out), bos=p.bos)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
-from worker import native
+from worker import archs, native
 from worker.attention import KWARG
+from worker.handmade import Part, make_batch
 from worker.sampler import sample_step
 from worker.step import build_step
 
@@ -20,14 +21,20 @@ class ModelRunner:
         cfg = model.config
         rep = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None)
                                           or cfg.num_attention_heads)
-        self.native = native.usable(kv, rep)
+        self.windows = archs.windows(cfg)
+        self.native = archs.plain_attention(cfg) and native.usable(kv, rep)
+
+    def probe(self) -> None:
+        """One forward of one token into block 0, so that a keyword the paged attention does
+        not implement fails at load. Harmless: every slot is written before it is read."""
+        self.logits(make_batch([Part([0], 0, 1, [0])], self.info.block_size))
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch) -> torch.Tensor:
         """[num_sample_rows, vocab] logits of the sampled rows, in sample_rows order."""
         if batch.num_tokens == 0:
             return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
-        s = build_step(batch, self.kv, self.native)
+        s = build_step(batch, self.kv, self.native, self.windows)
         out = self.model(input_ids=s.input_ids, position_ids=s.positions, use_cache=False,
                          logits_to_keep=s.keep, **{KWARG: s.paged})
         return out.logits[0]

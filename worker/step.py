@@ -29,8 +29,12 @@ def _long(a: array) -> torch.Tensor:
     return as_tensor(a, torch.int32).long()
 
 
-def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False) -> StepInputs:
-    """`use_native`: decodes go to the C kernel (worker/native.py), which the caller checked."""
+def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False,
+               windows: tuple[int, ...] = ()) -> StepInputs:
+    """`use_native`: decodes go to the C kernel (worker/native.py), which the caller checked.
+    `windows`: the sliding-window sizes the model's layers ask for (worker/archs.py)."""
+    if use_native and windows:
+        raise ValueError("the C decode kernel has no sliding window")
     device = kv.device
     block_size = kv.shape[3]
     qs = _long(batch.query_start)
@@ -45,14 +49,22 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False) 
     nd = int(multi[0, 0]) if len(multi) else batch.num_seqs
 
     fast = nd > 0 and use_native
-    groups = [] if fast else decode_groups(ctx[:nd], tables[:nd], block_size, device)
-    spans = [_span(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, device)
-             for i in range(nd, batch.num_seqs)]
+
+    def masks(window: int | None = None):
+        groups = [] if fast else decode_groups(ctx[:nd], tables[:nd], block_size, device, window)
+        spans = [_span(int(qs[i]), int(qs[i + 1]), int(ctx[i]), tables[i], block_size, device,
+                       window) for i in range(nd, batch.num_seqs)]
+        return groups, spans
+
+    groups, spans = masks()
+    longest = int(ctx.max()) if len(ctx) else 0
+    # a window at least as long as every context in the step cuts nothing
+    cut = {w: masks(w) if longest > w else (groups, spans) for w in windows}
     keep = qs[1:][_long(batch.sample_rows)] - 1
     paged = PagedStep(kv=kv, slot_mapping=slots.to(device), num_decode=nd,
                       decode_groups=groups, spans=spans,
                       native=NativeDecode(tables[:nd].contiguous(), ctx[:nd].contiguous())
-                      if fast else None)
+                      if fast else None, windows=cut)
     return StepInputs(input_ids=_long(batch.input_ids).view(1, -1).to(device),
                       positions=_long(batch.positions).view(1, -1).to(device),
                       keep=keep.to(device), paged=paged)
@@ -71,10 +83,11 @@ GROUP_SLACK = 1.5   # a decode joins a group while the group's width <= 1.5x its
 MAX_GROUPS = 4      # each group is one gather + one SDPA call per layer
 
 
-def decode_groups(ctx: torch.Tensor, tables: torch.Tensor, block_size: int,
-                  device) -> list[DecodeGroup]:
+def decode_groups(ctx: torch.Tensor, tables: torch.Tensor, block_size: int, device,
+                  window: int | None = None) -> list[DecodeGroup]:
     """Decodes split by context length (at most MAX_GROUPS) so that each group gathers
-    little padding; one group, in order, when the lengths are alike."""
+    little padding; one group, in order, when the lengths are alike. With a `window`, each
+    decode sees only its last `window` positions."""
     n = len(ctx)
     if n == 0:
         return []
@@ -88,30 +101,38 @@ def decode_groups(ctx: torch.Tensor, tables: torch.Tensor, block_size: int,
             start = i
     bounds = [0, *cuts, n]
     if len(bounds) == 2:
-        return [_group(None, ctx, tables, sw[0], block_size, device)]
-    return [_group(order[a:b], ctx, tables, sw[a], block_size, device)
+        return [_group(None, ctx, tables, sw[0], block_size, device, window)]
+    return [_group(order[a:b], ctx, tables, sw[a], block_size, device, window)
             for a, b in zip(bounds, bounds[1:])]
 
 
-def _group(rows, ctx, tables, width: int, block_size: int, device) -> DecodeGroup:
-    c = ctx if rows is None else ctx[rows]
+def _group(rows, ctx, tables, width: int, block_size: int, device, window) -> DecodeGroup:
+    c = (ctx if rows is None else ctx[rows])[:, None]
     t = tables if rows is None else tables[rows]
-    mask = torch.arange(width * block_size) < c[:, None]
+    pos = torch.arange(width * block_size)
+    mask = pos < c
+    if window is not None:
+        mask &= pos >= c - window
     return DecodeGroup(rows=None if rows is None else rows.to(device),
                        tables=t[:, :width].contiguous().to(device),
                        mask=mask.view(len(c), 1, 1, -1).to(device))
 
 
 def _span(begin: int, end: int, context: int, table: torch.Tensor, block_size: int,
-          device) -> PrefillSpan:
-    """Query token i sits at position start + i and sees positions <= start + i: plain
-    causal when the span is the whole context, else a mask offset by the prefix."""
+          device, window: int | None = None) -> PrefillSpan:
+    """Query token i sits at position start + i and sees positions <= start + i (and
+    > start + i - window): plain causal when the span is the whole context and no window
+    cuts it, else a mask offset by the prefix, over the positions the window can reach."""
     start = context - (end - begin)
-    pos = torch.arange(context)
+    first = 0 if window is None else max(0, start - window + 1)
+    pos = torch.arange(first, context)
     kv_slots = seq_slots(table, pos, block_size).to(device)
-    if start == 0:
+    if start == 0 and (window is None or context <= window):
         return PrefillSpan(begin, end, kv_slots, None)
-    mask = pos[None, :] <= torch.arange(start, context)[:, None]
+    query = torch.arange(start, context)[:, None]
+    mask = pos[None, :] <= query
+    if window is not None:
+        mask &= pos[None, :] > query - window
     return PrefillSpan(begin, end, kv_slots, mask.view(1, 1, *mask.shape).to(device))
 
 
