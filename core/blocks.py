@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Protocol, Sequence
+from typing import Hashable, Iterable, Protocol, Sequence, runtime_checkable
 
 
 class NoCapacity(Exception):
@@ -37,7 +37,43 @@ class BlockSpace(Protocol):
         ...
 
 
+@runtime_checkable
+class PrefixHooks(Protocol):
+    """Optional extras of a BlockSpace that caches prefixes (core/prefix_cache.py); the
+    scheduler uses them when its BlockSpace has them all (docs/DESIGN.md#prefix-cache)."""
+
+    def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0) -> Allocation:
+        """As BlockSpace.allocate; `priority` ranks id's blocks for eviction once unused."""
+        ...
+
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        """The cached_tokens that allocate(tokens) would return now; changes nothing."""
+        ...
+
+    def computed(self, id: Hashable, tokens: Sequence[int], upto: int) -> None:
+        """Positions 0..upto-1 of id hold the K/V of tokens[:upto]; ignored for an id
+        holding no blocks."""
+        ...
+
+    def drop_cached(self) -> None:
+        """The KV cache was lost: forget every cached prefix."""
+        ...
+
+
 _EMPTY: tuple[int, ...] = ()
+
+
+def pool(block_tokens: int, ids: Iterable[int]) -> list[int]:
+    """The validated block ids as a min-heap."""
+    if type(block_tokens) is not int or block_tokens < 1:
+        raise ValueError(f"block_tokens must be a positive int, got {block_tokens!r}")
+    free = list(ids)
+    if any(type(b) is not int or b < 0 for b in free):
+        raise ValueError("block ids must be non-negative ints")
+    if len(set(free)) != len(free):
+        raise ValueError("block ids must be distinct")
+    heapq.heapify(free)
+    return free
 
 
 class FreeListBlocks:
@@ -46,14 +82,7 @@ class FreeListBlocks:
     __slots__ = ("_B", "_total", "_free", "_tables")
 
     def __init__(self, block_tokens: int, ids: Iterable[int]):
-        if type(block_tokens) is not int or block_tokens < 1:
-            raise ValueError(f"block_tokens must be a positive int, got {block_tokens!r}")
-        free = list(ids)
-        if any(type(b) is not int or b < 0 for b in free):
-            raise ValueError("block ids must be non-negative ints")
-        if len(set(free)) != len(free):
-            raise ValueError("block ids must be distinct")
-        heapq.heapify(free)
+        free = pool(block_tokens, ids)
         self._B = block_tokens
         self._total = len(free)
         self._free = free  # a min-heap of free ids

@@ -12,16 +12,18 @@ from bisect import insort
 from operator import attrgetter
 from typing import Sequence
 
-from core.blocks import Allocation, BlockSpace, FreeListBlocks, NoCapacity
+from core.blocks import Allocation, BlockSpace, FreeListBlocks, NoCapacity, PrefixHooks
 from core.heap import LazyHeap
 from core.prefill import Chunked, PrefillPolicy, WholePrompt
+from core.prefix_cache import PrefixCacheBlocks
 from core.sched_types import (AdmitError, Chunk, EmptyPrompt, FinishReason, Finished,
                                InvalidRequest, MAX_PRIORITY, NeverFits, QueueFull, Request,
                                RequestId, SchedPolicy, SchedStats, SchedulerConfig, ScheduleOutput,
                                StepOutput, TokenEvent, TooLong)
 
 __all__ = [
-    "RequestId", "BlockSpace", "FreeListBlocks", "NoCapacity", "Allocation",
+    "RequestId", "BlockSpace", "FreeListBlocks", "NoCapacity", "Allocation", "PrefixHooks",
+    "PrefixCacheBlocks",
     "PrefillPolicy", "WholePrompt", "Chunked", "SchedPolicy", "SchedulerConfig", "Request",
     "AdmitError", "QueueFull", "EmptyPrompt", "TooLong", "NeverFits", "InvalidRequest",
     "Chunk", "ScheduleOutput", "StepOutput", "FinishReason", "TokenEvent", "Finished",
@@ -89,6 +91,7 @@ class Scheduler:
             raise TypeError(f"cfg must be a SchedulerConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.blocks = blocks
+        self._prefix: PrefixHooks | None = blocks if isinstance(blocks, PrefixHooks) else None
         self.prefill_policy = prefill_policy if prefill_policy is not None else WholePrompt()
         self._reqs: dict[RequestId, _Req] = {}
         self._waiting: LazyHeap[_Req] = LazyHeap()
@@ -169,6 +172,8 @@ class Scheduler:
             self._to_waiting(r)
             ids.append(r.id)
         self._last_chunks = _NOTHING
+        if self._prefix is not None:
+            self._prefix.drop_cached()  # the cached K/V went with the worker
         return ids
 
     # ------------------------------------------------------------------ the step
@@ -269,11 +274,11 @@ class Scheduler:
         max_seqs = self.cfg.max_seqs
         while budget > 0 and len(running) < max_seqs and waiting:
             r = waiting.peek()
-            length = chunk_len(r.n, budget, alone)
+            length = chunk_len(r.n - self._cached_prefix(r), budget, alone)
             if length <= 0:
                 return
             try:
-                alloc = self.blocks.allocate(r.id, r.tokens)
+                alloc = self._allocate(r)
             except NoCapacity:
                 return
             waiting.pop()
@@ -285,6 +290,25 @@ class Scheduler:
             self._add_chunk(r, r.c, length, chunks, step)
             budget -= length
             alone = False
+
+    def _cached_prefix(self, r: _Req) -> int:
+        """Positions a prefix hit would skip now: the policy sizes only computed tokens."""
+        return 0 if self._prefix is None else self._prefix.cached_prefix(r.tokens)
+
+    def _allocate(self, r: _Req) -> Allocation:
+        if self._prefix is None:
+            return self.blocks.allocate(r.id, r.tokens)
+        return self._prefix.allocate(r.id, r.tokens, priority=self._evict_priority(r))
+
+    def _evict_priority(self, r: _Req) -> int:
+        """The priority level, not the aged key: with aging the key falls with arrival,
+        which would evict the newest requests' blocks first."""
+        cfg = self.cfg
+        if cfg.policy is SchedPolicy.FCFS:
+            return 0
+        if cfg.aging_steps is None:
+            return r.key
+        return (r.key + r.arrival) // cfg.aging_steps
 
     @staticmethod
     def _add_chunk(r: _Req, start: int, length: int, chunks: list, step: int) -> None:
@@ -299,9 +323,13 @@ class Scheduler:
         Outputs for requests that did not sample in that step are ignored. A sampling row
         (decode or last chunk) left without an output is not advanced: it runs again.
         """
+        computed = None if self._prefix is None else self._prefix.computed
+        B = self.blocks.block_tokens()
         for r, ch in self._last_chunks:
             if not ch.last:
                 r.c += ch.length
+                if computed is not None and r.c // B > ch.start // B:
+                    computed(r.id, r.tokens, r.c)  # its full blocks become cached at once
         self._last_chunks = _NOTHING
         step = self._steps - 1
         get = self._reqs.get
@@ -314,6 +342,8 @@ class Scheduler:
                 continue
             r.sample_at = -1
             n = r.n
+            if computed is not None and n // B > r.c // B:
+                computed(r.id, r.tokens, n)
             r.c = n  # a sampling row computes every position up to the newest token
             token = o.token
             r.tokens.append(token)

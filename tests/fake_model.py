@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 
-from core.sched import (Finished, FinishReason, Request, ScheduleOutput, Scheduler,
-                        StepOutput, TokenEvent, WholePrompt)
+from core.sched import (Finished, FinishReason, PrefixHooks, Request, ScheduleOutput,
+                        Scheduler, StepOutput, TokenEvent, WholePrompt)
 
 VOCAB = 1000
 _UNWRITTEN = -1
@@ -91,9 +91,10 @@ Arrivals = Mapping[int, Sequence[Request]] | Callable[[int], Sequence[Request]]
 
 
 def run(sched: Scheduler, fake: FakeModel, max_steps: int, arrivals: Arrivals | None = None,
-        until_idle: bool = True) -> RunResult:
+        until_idle: bool = True, aborts: Mapping[int, Sequence[int]] | None = None) -> RunResult:
     """schedule -> fake forward -> on_step until nothing is left (and no arrivals remain)
-    or max_steps, checking the scheduler's invariants at every step."""
+    or max_steps, checking the scheduler's invariants at every step. `aborts` maps a step
+    to indices into the requests added so far, aborted before that step's schedule."""
     arrive = _arrivals(arrivals)
     last_arrival = max(arrivals) if isinstance(arrivals, Mapping) and arrivals else -1
     res = RunResult()
@@ -102,6 +103,9 @@ def run(sched: Scheduler, fake: FakeModel, max_steps: int, arrivals: Arrivals | 
             seq_id = sched.add(req)
             res.ids.append(seq_id)
             res.outputs[seq_id] = []
+        for k in (aborts or {}).get(step, ()):
+            if k < len(res.ids):
+                sched.abort(res.ids[k])
         if until_idle and not sched.has_unfinished() and step > last_arrival:
             break
         before = {e[0]: e for e in sched.snapshot()[6]}
@@ -163,11 +167,24 @@ def check_schedule(sched: Scheduler, out: ScheduleOutput, before: dict) -> None:
 
 
 def check_blocks(sched: Scheduler) -> None:
-    """free + held == total, no block held twice, only running requests hold blocks."""
+    """free + held == total, only running requests hold blocks, and no block is held twice
+    except, by a prefix cache, a full block at the same position of equal prefixes that
+    every holder has computed past (so none writes it)."""
     blocks = sched.blocks
-    running = {e[0] for e in sched.snapshot()[6]}
-    held = [b for seq_id in sched.unfinished() for b in blocks.block_table(seq_id)]
-    assert len(held) == len(set(held)), "a block is held twice"
+    running = {e[0]: e for e in sched.snapshot()[6]}
+    holders: dict[int, list[tuple[int, int]]] = {}
+    for seq_id in sched.unfinished():
+        for i, b in enumerate(blocks.block_table(seq_id)):
+            holders.setdefault(b, []).append((seq_id, i))
     assert all(not blocks.block_table(seq_id) for seq_id in sched.unfinished()
                if seq_id not in running)
-    assert blocks.free_blocks() + len(held) == blocks.total_blocks()
+    shares = isinstance(blocks, PrefixHooks)
+    B = blocks.block_tokens()
+    for b, hs in holders.items():
+        if len(hs) > 1:
+            assert shares, f"block {b} is held twice: {hs}"
+            assert len({i for _, i in hs}) == 1, f"block {b} at different positions: {hs}"
+            end = (hs[0][1] + 1) * B
+            assert all(running[seq_id][2] >= end for seq_id, _ in hs), f"{b} written: {hs}"
+            assert len({tuple(sched.tokens(seq_id)[:end]) for seq_id, _ in hs}) == 1, hs
+    assert blocks.free_blocks() + len(holders) == blocks.total_blocks()

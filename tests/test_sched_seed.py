@@ -1,4 +1,5 @@
-"""The scheduler's 11 contract tests (docs/DESIGN.md#the-contract-tests), driven by a fake model."""
+"""The scheduler's 11 contract tests (docs/DESIGN.md#the-contract-tests), driven by a fake model;
+each runs twice: over the free list and over the prefix cache (docs/DESIGN.md#prefix-cache)."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,9 @@ from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
 from core.sched import (Chunk, Chunked, EmptyPrompt, Finished, FinishReason, FreeListBlocks,
-                        NeverFits, NoCapacity, QueueFull, Request, SchedPolicy, Scheduler,
-                        SchedulerConfig, StepOutput, TokenEvent, TooLong, WholePrompt)
+                        NeverFits, NoCapacity, PrefixCacheBlocks, QueueFull, Request,
+                        SchedPolicy, Scheduler, SchedulerConfig, StepOutput, TokenEvent, TooLong,
+                        WholePrompt)
 from tests.fake_model import FakeModel, continuation, run
 
 FCFS, PRIORITY = SchedPolicy.FCFS, SchedPolicy.PRIORITY
@@ -16,10 +18,26 @@ PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, database=
                     suppress_health_check=[HealthCheck.too_slow])
 
 
+POOLS = {"free": FreeListBlocks, "prefix": PrefixCacheBlocks}
+_pool = [FreeListBlocks]  # what make() builds; the module's fixture switches it
+
+
+@pytest.fixture(scope="module", autouse=True, params=list(POOLS))
+def pool_kind(request):
+    """Module scope: hypothesis refuses function-scoped fixtures on @given tests."""
+    _pool[0] = POOLS[request.param]
+    yield request.param
+    _pool[0] = FreeListBlocks
+
+
+def caching() -> bool:
+    return _pool[0] is PrefixCacheBlocks
+
+
 def make(num_blocks=64, block=4, policy=None, **cfg) -> Scheduler:
     prefill = cfg.pop("prefill", None)
     config = SchedulerConfig(policy=policy or PRIORITY, **cfg)
-    return Scheduler(config, FreeListBlocks(block, range(num_blocks)), prefill)
+    return Scheduler(config, _pool[0](block, range(num_blocks)), prefill)
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -56,7 +74,7 @@ def test_hand_example_schedule():
 
     out = sched.schedule()  # step 3: A decodes, C takes block 2
     assert out.decode == [a] and out.prefill == [Chunk(c, 0, 2, True)]
-    assert list(table(c)) == [2]
+    assert list(table(c)) == ([3] if caching() else [2])  # B's full block 2 stays cached
     ev = sched.on_step(fake.forward(sched, out))
     assert ev == [TokenEvent(c, want[c][0]), Finished(c, LENGTH),
                   TokenEvent(a, want[a][2]), Finished(a, LENGTH)]
@@ -65,7 +83,7 @@ def test_hand_example_schedule():
 
 
 def test_free_list_is_all_or_nothing():
-    fl = FreeListBlocks(4, [5, 3, 1, 4, 0, 2])
+    fl = _pool[0](4, [5, 3, 1, 4, 0, 2])  # nothing computed: the cache acts as a free list
     assert (fl.block_tokens(), fl.total_blocks(), fl.free_blocks()) == (4, 6, 6)
     assert fl.allocate("a", range(5)).cached_tokens == 0
     assert list(fl.block_table("a")) == [0, 1]
@@ -160,17 +178,23 @@ def test_preemption_recomputes_and_keeps_outputs():
         sched = make(blocks, 4, max_seqs=8, max_batch_tokens=64)
         res = run(sched, FakeModel(), 500, {0: reqs})
         assert not sched.has_unfinished() and sched.blocks.free_blocks() == blocks
-        results[blocks] = (res, sched.stats().preemptions)
-    (tight, preemptions), (roomy, none) = results[14], results[64]
+        results[blocks] = (res, sched.stats().preemptions, sched.blocks)
+    (tight, preemptions, pool), (roomy, none, _) = results[14], results[64]
     assert preemptions > 0 and none == 0
     assert tight.outputs == roomy.outputs and tight.reasons == roomy.reasons
     for seq_id, req in zip(tight.ids, reqs):
         assert tight.outputs[seq_id] == expect(sched, req)[0]
     # a preempted request is prefilled again with its generated tokens, from position 0
+    # (from a block boundary with the cache: its own computed blocks usually stay cached)
     victims = {seq_id for out in tight.schedules for seq_id in out.preempted}
     refills = [ch for out in tight.schedules for ch in out.prefill
-               if ch.id in victims and ch.length > len(reqs[ch.id].prompt)]
-    assert victims and refills and all(ch.start == 0 for ch in refills)
+               if ch.id in victims and ch.start + ch.length > len(reqs[ch.id].prompt)]
+    assert victims and refills
+    if caching():
+        assert all(ch.start % 4 == 0 for ch in refills) and any(ch.start for ch in refills)
+        assert pool.prefix_recompute_hit_tokens > 0
+    else:
+        assert all(ch.start == 0 for ch in refills)
 
 
 def test_batched_greedy_equals_single_request():
