@@ -47,9 +47,15 @@ def derive_seed(engine_seed: int, seq_id: int) -> int:
     return int.from_bytes(h, "little") & SEED_MASK
 
 
-def schedule_json(out: ScheduleOutput) -> dict:
-    return {"prefill": [[c.id, c.start, c.length, c.last] for c in out.prefill],
-            "decode": list(out.decode), "preempted": list(out.preempted)}
+def schedule_json(out: ScheduleOutput, hits=()) -> dict:
+    """The step log's schedule column; `hits` ([[id, cached tokens], ...], the admissions
+    that hit the prefix cache) only when there are any, so logs without a cache keep their
+    shape."""
+    doc = {"prefill": [[c.id, c.start, c.length, c.last] for c in out.prefill],
+           "decode": list(out.decode), "preempted": list(out.preempted)}
+    if hits:
+        doc["cached"] = [list(h) for h in hits]
+    return doc
 
 
 def state_hash(prev: str, snapshot, sched_doc: dict, outputs: list) -> str:
@@ -117,6 +123,7 @@ class Engine:
         self.last_hash = ""
         self.step_ms_total = 0.0  # time spent inside plan..commit, summed over steps
         self.last_schedule: ScheduleOutput | None = None
+        self.last_hits: list[list[int]] = []   # the last plan's prefix-cache hits
         self._planned: tuple[ScheduleOutput, int, float] | None = None
         self._sampling = _View(self.live, "sampling")
         self._stop_ids = _View(self.live, "stop_ids")
@@ -188,6 +195,7 @@ class Engine:
         step = self.step_no - 1
         self._planned = (out, step, t0)   # set first: a batch that fails to build is abandoned
         self.last_schedule = out
+        self.last_hits = list(self.sched.last_hits)
         self._clock(out, step)
         return build_batch(step, out, self.sched, self._sampling, self._stop_ids) if build else None
 
@@ -200,8 +208,9 @@ class Engine:
         out, step, t0 = self._planned
         self._planned = None
         self.finished_metrics = {}
-        ids = sampled_ids(out) if tokens is not None else []
-        tokens = tokens if tokens is not None else []
+        abandoned = tokens is None
+        ids = sampled_ids(out) if not abandoned else []
+        tokens = tokens if not abandoned else []
         if len(ids) != len(tokens):
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
         self.extras = (_extras(ids, result, self._sampling)
@@ -209,6 +218,8 @@ class Engine:
         stops = self._stop_ids.get
         outputs = [StepOutput(seq_id, tok, tok in stops(seq_id, ())) for seq_id, tok in zip(ids, tokens)]
         events = self.sched.on_step(outputs)
+        if abandoned:
+            self._forget_cache()
         self._record(step, out, outputs, t0)
         self._finish(events, step)
         return events
@@ -237,21 +248,33 @@ class Engine:
 
     # ---- internals
 
+    def _forget_cache(self) -> None:
+        """An abandoned step advanced its chunks' positions without writing their K/V: no
+        block it touched may be served from the prefix cache, so the cache forgets every
+        key (replay abandons the same steps and forgets the same way)."""
+        drop = getattr(self.sched.blocks, "drop_cached", None)
+        if drop is not None:
+            drop()
+
     def _clock(self, out: ScheduleOutput, step: int) -> None:
         cfg = self.sched.cfg
         for c in out.prefill:
             live = self.live.get(c.id)
             if live is not None:
-                live.clock.admit(step, cfg)
+                live.clock.admit(step, cfg, c.start)
         for seq_id in out.preempted:
             live = self.live.get(seq_id)
             if live is not None:
                 live.clock.preemptions += 1
 
     def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float) -> None:
-        doc = schedule_json(out)
+        doc = schedule_json(out, self.last_hits)
         outs = [[o.id, o.token, o.stop] for o in outputs]
-        self.last_hash = state_hash(self.last_hash, self.sched.snapshot(), doc, outs)
+        snapshot = self.sched.snapshot()
+        summary = getattr(self.sched.blocks, "summary", None)
+        if summary is not None:   # the cache's state too (absent without one: old hashes hold)
+            snapshot = (*snapshot, summary())
+        self.last_hash = state_hash(self.last_hash, snapshot, doc, outs)
         st = self.sched.stats()
         ms = (time.perf_counter() - t0) * 1e3
         self.step_ms_total += ms

@@ -43,6 +43,14 @@ def _kill(pid: int) -> None:
         pass
 
 
+def prefix_stats(blocks) -> dict:
+    """The prefix cache's counters (all 0 with --no-prefix-cache)."""
+    names = ("prefix_query_tokens", "prefix_hit_tokens", "prefix_recompute_hit_tokens")
+    cached = getattr(blocks, "cached_blocks", None)
+    return {"prefix_cache": cached is not None, "cached_blocks": cached() if cached else 0,
+            **{n: getattr(blocks, n, 0) for n in names}}
+
+
 def _log(msg: str) -> None:
     print(f"[core] {msg}", file=sys.stderr, flush=True)
 
@@ -320,6 +328,7 @@ class CoreLoop:
                 "max_model_len": self.engine.sched.cfg.max_model_len,
                 "model": self.info.model, "tokenizer": self.info.tokenizer,
                 "step_ms_total": self.engine.step_ms_total,
+                **prefix_stats(self.engine.sched.blocks),
                 "pids": {"core": os.getpid(), "worker": self.worker_pid}}
 
     def close(self) -> None:

@@ -23,10 +23,13 @@ class RequestClock:
     preemptions: int = 0
     cached_tokens: int = 0
 
-    def admit(self, step: int, cfg: SchedulerConfig) -> None:
+    def admit(self, step: int, cfg: SchedulerConfig, start: int) -> None:
+        """Seen in a prefill chunk starting at `start`: at the first admission, the
+        positions the prefix cache served."""
         if self.admitted is None:
             self.admitted = time.monotonic()
             self.priority_at_admission = effective_priority(self.priority, step - self.arrival_step, cfg)
+            self.cached_tokens = start
 
     def figures(self, log: str | None, log_id: int | None) -> dict:
         queued = (self.admitted if self.admitted is not None else time.monotonic()) - self.arrival

@@ -101,6 +101,8 @@ class Scheduler:
         self._preemptions = 0
         self._finished = 0
         self._last_chunks: Sequence[tuple[_Req, Chunk]] = _NOTHING
+        # [[id, cached tokens], ...]: the last schedule's admissions that hit the prefix cache
+        self.last_hits: list[list[int]] = []
         self._margin = self._margin_in_keys(cfg)
 
     @staticmethod
@@ -181,6 +183,8 @@ class Scheduler:
     def schedule(self) -> ScheduleOutput:
         step = self._steps
         self._steps += 1
+        if self.last_hits:
+            self.last_hits = []
         preempted: list[RequestId] = []
         if self._margin is not None:
             self._preempt_for_head(preempted)
@@ -286,6 +290,8 @@ class Scheduler:
             r.running = True
             insort(running, r, key=_RANK)
             r.c = min(alloc.cached_tokens, r.n - 1)  # a prefix hit skips computed positions
+            if r.c:
+                self.last_hits.append([r.id, r.c])
             length = min(length, r.n - r.c)
             self._add_chunk(r, r.c, length, chunks, step)
             budget -= length

@@ -28,7 +28,7 @@ class Scenario:
 
 
 def _cfg(**kw) -> CoreConfig:
-    return CoreConfig("-", "-", "-", "-", **kw)
+    return CoreConfig("-", "-", "-", "-", **{"prefix_cache": False, **kw})
 
 
 def _info(num_blocks: int, block_size: int = 4) -> ModelInfo:
@@ -42,6 +42,15 @@ def _arrivals(seed: int, n: int, spread: int, prompt=(2, 40), out=(1, 24), prios
                    rng.randint(*out), rng.choice(prios)) for _ in range(n))
 
 
+def _shared(seed: int, n: int, spread: int, prefixes: int = 3, prios=(0, 0, 2)):
+    """Arrivals whose prompts start with one of a few shared prefixes (prefix-cache hits)."""
+    rng = random.Random(seed)
+    heads = [[rng.randrange(1, 512) for _ in range(rng.randint(8, 30))] for _ in range(prefixes)]
+    return sorted((rng.randrange(spread), rng.choice(heads) + [rng.randrange(1, 512) for _ in
+                   range(rng.randint(1, 12))], rng.randint(1, 16), rng.choice(prios))
+                  for _ in range(n))
+
+
 SCENARIOS = {
     "preempt": Scenario("preempt", _cfg(max_seqs=8, max_batch_tokens=64, max_chunk=16),
                         _info(24), _arrivals(1, 24, 10)),
@@ -50,6 +59,9 @@ SCENARIOS = {
     "aborts": Scenario("aborts", _cfg(max_seqs=6, max_batch_tokens=40, prefill="whole"),
                        _info(40), _arrivals(3, 20, 15),
                        aborts=[(3, 0), (5, 4), (8, 7), (9, 7), (12, 15), (14, 99)]),
+    "prefix": Scenario("prefix", _cfg(max_seqs=6, max_batch_tokens=48, max_chunk=16,
+                                      aging_steps=4, prefix_cache=True),
+                       _info(30), _shared(4, 30, 30), aborts=[(6, 2), (11, 9)]),
 }
 
 

@@ -122,6 +122,8 @@ def _schedule(doc, where: str) -> dict:
     rows(doc["prefill"], f"{where} prefill", (int, int, int, bool))
     int_list(doc["decode"], f"{where} decode")
     int_list(doc["preempted"], f"{where} preempted")
+    if "cached" in doc:   # prefix-cache hits of the step's admissions
+        rows(doc["cached"], f"{where} cached", (int, int))
     return doc
 
 

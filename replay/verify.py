@@ -60,15 +60,15 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
 
 def _diff_schedule(got: dict, want: dict) -> list[str]:
     out = []
-    for key in ("prefill", "decode", "preempted"):
-        if got[key] != want[key]:
-            out.append(f"{key}: replay {got[key]} != log {want[key]}")
+    for key in ("prefill", "decode", "preempted", "cached"):
+        if got.get(key, []) != want.get(key, []):
+            out.append(f"{key}: replay {got.get(key, [])} != log {want.get(key, [])}")
     return out
 
 
 def _check_step(engine, row: StepRecord, runner) -> Divergence | None:
     batch = engine.plan(build=runner is not None)
-    got = schedule_json(engine.last_schedule)
+    got = schedule_json(engine.last_schedule, engine.last_hits)
     if got != row.schedule:
         return Divergence(row.step, "schedule", _diff_schedule(got, row.schedule))
     logged = [tok for _, tok, _ in row.outputs]

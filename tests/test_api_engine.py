@@ -118,7 +118,8 @@ def test_metrics_point_into_the_log(client, group):
     m = r.metrics
     assert set(m) == METRICS
     assert m["log"] == str(group.log) and m["priority"] == 7 and m["preemptions"] == 0
-    assert 0 <= m["queue_ms"] and 0 <= m["ttft_ms"] <= m["e2e_ms"] and m["cached_tokens"] == 0
+    assert 0 <= m["queue_ms"] and 0 <= m["ttft_ms"] <= m["e2e_ms"]
+    assert m["cached_tokens"] == r.cached_tokens < len(r.prompt_token_ids)
     row = logged(group, "met-1")
     assert row["id"] == m["log_id"] and row["user"] == "alice"
     out = subprocess.run([sys.executable, "-m", "replay", "request", m["log"], str(m["log_id"])],
@@ -165,3 +166,21 @@ def test_replay_with_the_model_reproduces_penalties_logprobs_and_siblings(client
     r = verify_log(snapshot, "--with-model")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "with the model on cpu, float32" in r.stdout
+
+
+def test_a_shared_prefix_is_served_from_the_cache(client):
+    system = "You are a terse assistant. " * 6
+    first = client.generate(system + "Question one?", max_tokens=6, ignore_eos=True)
+    before = client.stats()
+    again = client.generate(system + "Question two?", max_tokens=6, ignore_eos=True)
+    after = client.stats()
+    block = 16
+    assert again.cached_tokens >= (len(system) // block - 1) * block > 0
+    assert again.cached_tokens % block == 0 and again.metrics["cached_tokens"] == again.cached_tokens
+    assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] == again.cached_tokens
+    assert after["prefix_cache"] and after["cached_blocks"] > 0
+    assert after["free_blocks"] == after["total_blocks"]     # cached blocks count as free
+    same = client.generate(system + "Question one?", max_tokens=6, ignore_eos=True)
+    n = len(same.prompt_token_ids)
+    assert same.token_ids == first.token_ids
+    assert same.cached_tokens == (n - 1) // block * block    # all but the block of the last token

@@ -61,3 +61,26 @@ def test_a_step_that_cannot_be_built_fails_only_its_requests(loop, monkeypatch):
     add(loop, 1, [4, 5, 6])          # the engine serves on
     batch = loop.engine.plan()
     assert list(batch.seq_ids) == [1]
+
+
+def test_an_abandoned_chunk_is_never_served_from_the_prefix_cache(tmp_path, monkeypatch):
+    """A failed step advanced its non-last chunk without writing K/V: the cache forgets it."""
+    ctx = zmq.Context()
+    ep = {k: f"ipc://{tmp_path}/{k}" for k in ("fi", "fo", "wi", "wo")}
+    lp = CoreLoop(CoreConfig(ep["fi"], ep["fo"], ep["wi"], ep["wo"], max_chunk=32), ctx)
+    lp.info, lp.engine = INFO, lp.cfg.make_engine(INFO)
+    try:
+        add(lp, 0, list(range(1, 80)))
+        monkeypatch.setattr(core.engine, "build_batch", _poison)
+        lp.step()
+        assert lp.engine.sched.blocks.cached_blocks() == 0 and lp.seq_of == {}
+        monkeypatch.undo()
+        add(lp, 1, list(range(1, 80)))
+        assert lp.engine.plan().positions[0] == 0   # no hit on the unwritten blocks
+    finally:
+        lp.close()
+        ctx.term()
+
+
+def _poison(*args):
+    raise OverflowError("int too large to convert")

@@ -136,7 +136,8 @@ def test_n_fans_out_with_ids_and_seeds_per_choice():
     assert [c["seed"] for c in client.calls] == [2 ** 63 - 2, 2 ** 63 - 1, 0]
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert all(c["text"] == "ab" for c in body["choices"])
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     client, _ = completion({"n": 2})
     assert [c["seed"] for c in client.calls] == [None, None]
 

@@ -117,7 +117,7 @@ def test_cli_names_the_first_divergent_step(logs, tmp_path, capsys):
     assert "DIVERGED at step 9 (hash)" in out and ">> step 9" in out
 
 
-@pytest.mark.parametrize("name", ["preempt", "priority", "aborts"])
+@pytest.mark.parametrize("name", ["preempt", "priority", "aborts", "prefix"])
 def test_golden_logs_replay(name, tmp_path):
     """A change to scheduling decisions fails here with the step it changed.
     Re-record after an intended change: python -m replay.record tests/fixtures"""
@@ -211,3 +211,17 @@ def test_with_model_refuses_a_device_this_machine_lacks(logs, tmp_path, capsys):
     assert "made on cuda:0" in err and "no CUDA device" in err and "--device cpu" in err
     assert replay_main(["verify", "--with-model", "--device", "cpu", str(path)]) == 0
     assert "tokens may differ" in capsys.readouterr().err
+
+
+def test_a_cache_that_decides_differently_diverges_at_its_step(logs, tmp_path):
+    path = copy(logs["prefix"], tmp_path)
+    with sqlite3.connect(path) as conn:
+        step, doc = next((r[0], json.loads(r[1])) for r in conn.execute(
+            "SELECT step, schedule FROM steps ORDER BY step") if '"cached"' in r[1])
+    doc["cached"][0][1] -= 1
+    sql(path, "UPDATE steps SET schedule=? WHERE step=?", json.dumps(doc), step)
+    v = verify(LogFile(str(path)))
+    assert not v.ok and (v.divergence.step, v.divergence.what) == (step, "schedule")
+    assert v.divergence.diffs[0].startswith("cached: replay")
+    sql(path, "UPDATE meta SET value='false' WHERE key='prefix_cache'")
+    assert verify(LogFile(str(path))).divergence.step == 0   # the cache's state is hashed

@@ -36,6 +36,7 @@ class Result:
     logprobs: list[float] | None = None            # with logprobs=N: one per token_ids entry
     top_logprobs: list[dict[int, float]] | None = None
     metrics: dict | None = None                    # on a finished request (docs/DESIGN.md#request-metrics)
+    cached_tokens: int = 0                         # prompt tokens the prefix cache served
 
     def add(self, d: Delta) -> None:
         self.text += d.text
@@ -47,6 +48,7 @@ class Result:
             self.top_logprobs = (self.top_logprobs or []) + top_dicts(d)
         if d.metrics is not None:
             self.metrics = dict(d.metrics)
+            self.cached_tokens = self.metrics.get("cached_tokens") or 0
         if d.finish_reason is not None:
             self.finish_reason = d.finish_reason
 

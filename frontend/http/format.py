@@ -50,8 +50,10 @@ class Tally:
 def usage(tallies: list[Tally]) -> dict:
     prompt = tallies[0].prompt_tokens
     completion = sum(t.completion_tokens for t in tallies)
+    cached = (tallies[0].metrics or {}).get("cached_tokens") or 0
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 class CompletionFormat:

@@ -37,6 +37,16 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("tl_preemptions", "requests preempted by the scheduler",
                                   value=s.get("preemptions", 0))
         yield CounterMetricFamily("tl_engine_steps", "engine steps run", value=s["steps"])
+        yield _gauge("tl_kv_blocks_cached", "free KV blocks holding a reusable prefix",
+                     s.get("cached_blocks", 0))
+        for name, doc in PREFIX_COUNTERS:
+            yield CounterMetricFamily(f"tl_{name}", doc, value=s.get(name, 0))
+
+
+PREFIX_COUNTERS = (
+    ("prefix_query_tokens", "prompt tokens looked up in the prefix cache at admissions"),
+    ("prefix_hit_tokens", "of those, tokens served from the cache"),
+    ("prefix_recompute_hit_tokens", "of the hits, a preempted request's own earlier blocks"))
 
 
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:

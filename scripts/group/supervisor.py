@@ -79,6 +79,8 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
                  "--worker-in", ep["wk_in"], "--worker-out", ep["wk_out"]] + sched
     if log:
         core += ["--log", log, "--log-errors", a.log_errors]
+    if not a.prefix_cache:
+        core.append("--no-prefix-cache")
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
                    "--model", a.model, "--device", a.device, "--dtype", a.dtype,
                    "--block-size", str(a.block_size)]
