@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,3 +28,17 @@ def test_bench_serve_tiny(tmp_path):
     assert doc["completed"] == doc["requests"] == 4
     assert doc["output_tokens"] == doc["workload"]["max_output_tokens"]  # EOS ignored
     assert set(doc["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
+
+
+@pytest.mark.slow
+def test_bench_prefix_tiny(tmp_path):
+    out = tmp_path / "prefix.json"
+    cmd = [str(ROOT / "scripts" / "bench"), "prefix", "--model", "tiny", "--requests", "6",
+           "--system-len", "48", "--output-len", "4", "--rate", "50", "--conversations", "2",
+           "--turns", "2", "--mixed", "3", "--no-progress", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["on"]["shared_steady"]["prefix_hit_tokens"] > 0
+    assert doc["off"]["shared_steady"]["prefix_hit_tokens"] == 0
+    assert set(doc["ratios"]) == {"shared_t0", "shared_steady", "mixed"}
