@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"requests", "completed", "errors", "output_tokens", "wall_s", "output_tok_s",
