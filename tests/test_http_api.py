@@ -113,6 +113,15 @@ def test_neutral_values_are_accepted(oai):
 # ------------------------------------------------------------------ honoured fields
 
 
+def test_n_siblings_share_the_prompts_blocks(oai):
+    prompt = "A long shared prompt for every sibling choice, with more words. " * 2
+    r = complete(oai, prompt=prompt, max_tokens=4, temperature=0.8, seed=3, n=3)
+    n = r.usage.prompt_tokens
+    cached = [c.model_extra["tl"]["cached_tokens"] for c in r.choices]
+    assert cached[1] == cached[2] == (n - 1) // 16 * 16 > 0    # all but the last block
+    assert r.usage.prompt_tokens_details.cached_tokens == cached[0]
+
+
 def test_n_choices_equal_client_generate_with_seed_plus_i(oai, engine):
     case = {"prompt": "many", "max_tokens": 6, "temperature": 1.0}
     results = [engine.generate(**case, seed=11 + i) for i in range(3)]

@@ -1,7 +1,10 @@
 """n engine requests for one HTTP body, read as one stream of (choice index, Delta) in
 arrival order.
 
-Each choice's stream runs in a task of its own. Leaving the `async with` (the reply is
+Each choice's stream runs in a task of its own. Choices 1..n-1 start once choice 0 has its
+first token: its prompt's K/V are then computed and registered in the prefix cache, so the
+siblings prefill only the prompt's last block instead of all of it (sent together, they would
+be admitted in one step and each compute the whole prompt). Leaving the `async with` (the reply is
 done, a choice failed, or the HTTP client left and aiohttp cancelled the handler) cancels
 every task, and each task's stream is closed on its way out: the engine aborts every
 choice that had not finished.
@@ -22,6 +25,7 @@ class FanOut:
         self._client, self._requests = client, requests
         self._queue: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
+        self._first = asyncio.Event()   # choice 0 answered (or ended): the siblings may go
 
     async def __aenter__(self) -> FanOut:
         self._tasks = [asyncio.create_task(self._pump(i, kw))
@@ -44,11 +48,21 @@ class FanOut:
     async def _pump(self, i: int, kw: dict) -> None:
         finished = False
         try:
+            if i:
+                await self._first.wait()
             async with aclosing(self._client.stream(**kw)) as deltas:
                 async for d in deltas:
                     finished = d.finish_reason is not None
                     self._queue.put_nowait((i, d))
+                    if d.token_ids or finished:
+                        self._release(i)
             if not finished:
                 self._queue.put_nowait((i, ClientError(503, UNFINISHED)))
         except Exception as e:  # noqa: BLE001  (handed to the reader, who raises it)
             self._queue.put_nowait((i, e))
+        finally:
+            self._release(i)
+
+    def _release(self, i: int) -> None:
+        if i == 0:
+            self._first.set()
