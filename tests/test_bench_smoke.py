@@ -16,6 +16,7 @@ KEYS = {"requests", "completed", "errors", "output_tokens", "wall_s", "output_to
         "workload", "machine"}
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_bench_serve_tiny(tmp_path):
     out = tmp_path / "serve.json"
     cmd = [str(ROOT / "scripts" / "bench"), "serve", "--model", "tiny", "--requests", "4",

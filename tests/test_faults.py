@@ -185,6 +185,7 @@ def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
     assert reasons.count("abort") == 2, reasons
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_gateway_death_touches_only_http(tmp_path):
     """kill -9 of the gateway: ZMQ requests run on, serve starts a new gateway on the
     same port, and HTTP serves again."""

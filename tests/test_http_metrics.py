@@ -90,6 +90,7 @@ def test_metrics_parse_and_move_with_traffic(gateway, oai, group):
     assert ("tl_preemptions_total", ()) in after
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_health_503_while_the_worker_is_replaced(tmp_path):
     """(A dead gateway is restarted: tests/test_faults.py.)"""
     g = start_group(tmp_path, ["--http-port", "0"], log=False)

@@ -18,6 +18,7 @@ def check(out: dict) -> None:
     assert out["preemptions"] > 0 and out["aborted"] > 0, out
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_short_soak(tmp_path):
     check(soak(60, seed=3, tmp=tmp_path, num_blocks=24))
 
