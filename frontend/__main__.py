@@ -21,9 +21,10 @@ from frontend.process import DEFAULT_ADDRESS, Frontend, FrontendConfig
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m frontend", description=__doc__.split("\n")[0])
-    p.add_argument("--core-in", required=True,
-                   help="endpoint the core binds a PULL on (requests go there)")
-    p.add_argument("--core-out", required=True,
+    p.add_argument("--core-in", required=True, action="append",
+                   help="endpoint the core binds a PULL on (requests go there); once per"
+                        " engine replica, in the order of --core-out")
+    p.add_argument("--core-out", required=True, action="append",
                    help="endpoint the core binds a PUSH on (events come from there)")
     p.add_argument("--address", default=DEFAULT_ADDRESS,
                    help="where clients connect; tcp://127.0.0.1:0 picks a free port")
@@ -49,13 +50,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         logging.warning("binding %s: the engine is reachable from other hosts "
                         "(no authentication)", args.address)
+    if len(args.core_in) != len(args.core_out):
+        print("frontend: give --core-in and --core-out once per replica each", file=sys.stderr)
+        return 2
     if args.max_frame_bytes < 1 or args.drain_timeout < 0 or args.max_inflight_per_client < 1:
         print("frontend: --max-frame-bytes and --max-inflight-per-client must be >= 1 and"
               " --drain-timeout >= 0", file=sys.stderr)
         return 2
     die_with_parent()   # a frontend whose supervisor is gone must not hold its address
     try:
-        fe = Frontend(FrontendConfig(args.core_in, args.core_out, args.address,
+        fe = Frontend(FrontendConfig(list(zip(args.core_in, args.core_out)), args.address,
                                      args.max_frame_bytes, args.drain_timeout,
                                      args.max_inflight_per_client))
     except zmq.ZMQError as e:

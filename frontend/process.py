@@ -1,8 +1,11 @@
-"""The frontend process loop: clients on a ROUTER, the core on a PUSH/PULL pair.
+"""The frontend process loop: clients on a ROUTER, each engine replica's core on a PUSH/PULL
+pair (frontend/replicas.py; one replica unless scripts/serve --dp).
 
 It validates and tokenizes Generate requests, forwards them to the core as AddRequest,
 and turns the core's StepEvents into per-request Deltas (detokenization, EOS, stop
-strings). It blocks on its sockets; the poll timeout is the next heartbeat or deadline.
+strings). A request goes to the replica with the least outstanding work and stays there,
+unless that replica's core dies: then it runs again on a live one. It blocks on its
+sockets; the poll timeout is the next heartbeat or deadline.
 Every ~1 s it pings each client with unfinished requests; a send that fails means the
 client is gone, and its requests are aborted at the core.
 """
@@ -15,14 +18,15 @@ from dataclasses import dataclass
 
 import zmq
 
-from core.ipc.channel import Channel, Router, RouterError
-from core.ipc.lifeline import pid_alive
+from core.ipc.channel import Router, RouterError
 from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
                            CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello, I32,
                            ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
                            Stats, StatsQuery, StatsReply, StepEvents, StopRequest)
 from frontend.events import group_events
 from frontend.inflight import Inflight
+from frontend.replica_stats import StatsWait, merge, replica_stats
+from frontend.replicas import Replica, least_loaded
 from frontend.request import RequestState
 from frontend.salvage import peek_request_id
 from frontend.tokenizer import Tokenizer
@@ -33,18 +37,17 @@ log = logging.getLogger("frontend")
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
 HEARTBEAT_S = 1.0
-CORE_CHECK_S = 0.25          # how often the core's pid is checked (503s within 2 s of its death)
+CORE_CHECK_S = 0.25          # how often the cores' pids are checked (503s within 2 s of a death)
 PUMP_S = 0.002              # time on one socket before looking at the other (fairness:
                             # a fast core must not keep new clients waiting for many steps)
 CLOSE_LINGER_MS = 1000      # let final deltas and aborts leave before the sockets close
 CLIENT_TYPES = (Generate, Abort, Stats, Ping)
-CORE_TYPES = (CoreReady, Rejected, StepEvents, CoreStats)
+CORE_DIED = "the engine's core process died"
 
 
 @dataclass
 class FrontendConfig:
-    core_in: str
-    core_out: str
+    cores: list[tuple[str, str]]   # each replica's (core_in, core_out)
     address: str = DEFAULT_ADDRESS
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     drain_timeout: float = 30.0
@@ -57,25 +60,20 @@ class Frontend:
         self._ctx = zmq.Context()
         self.router = Router(self._ctx, cfg.address, accept=CLIENT_TYPES,
                              max_bytes=cfg.max_frame_bytes)
-        # Unbounded: the frontend never blocks on the core nor drops a frame to it; the
-        # per-client cap and the core's queue bound what can pile up.
-        self.core_in = Channel(self._ctx, zmq.PUSH, cfg.core_in, bind=False, unbounded=True)
-        self.core_out = Channel(self._ctx, zmq.PULL, cfg.core_out, bind=False,
-                                accept=CORE_TYPES, unbounded=True,
-                                max_bytes=max(cfg.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES))
+        self.replicas = [Replica(self._ctx, k, core_in, core_out, cfg.max_frame_bytes)
+                         for k, (core_in, core_out) in enumerate(cfg.cores)]
+        self.poller = zmq.Poller()
         self.wakeup = Wakeup()
         self.info: ModelInfo | None = None
         self.tokenizer: Tokenizer | None = None
         self._eos_ids: frozenset[int] = frozenset()
-        self._pids: dict[str, int] = {}   # core and worker, from CoreReady
         self.inflight = Inflight()
-        self._next_fid = 0
+        self._next_fid = 0      # one counter for every replica: a fid names one request
         self._next_qid = 0
-        self._stats_waiters: dict[int, bytes] = {}
+        self._stats_waiters: dict[int, StatsWait] = {}
         self._stop_signals = 0
         self._drain_deadline: float | None = None
         self._exit_code: int | None = None
-        self.core_dead = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -83,11 +81,17 @@ class Frontend:
         """Signal-handler safe: the loop drains on the first call, hurries on the next."""
         self._stop_signals += 1
 
+    @property
+    def core_dead(self) -> bool:
+        """Every replica's core died (and none is back yet)."""
+        return self.info is not None and not any(r.up for r in self.replicas)
+
     def run(self) -> int:
-        self._to_core(Hello(os.getpid()))  # queued until the core's socket is there
-        Tokenizer.preload()  # imports transformers while the core is still starting
-        poller = zmq.Poller()
-        poller.register(self.core_out.sock, zmq.POLLIN)
+        for r in self.replicas:
+            r.send(Hello(os.getpid()))  # queued until the core's socket is there
+            self.poller.register(r.core_out.sock, zmq.POLLIN)
+        Tokenizer.preload()  # imports transformers while the cores are still starting
+        poller = self.poller
         poller.register(self.router.sock, zmq.POLLIN)
         poller.register(self.wakeup.read_fd(), zmq.POLLIN)
         next_beat = time.monotonic() + HEARTBEAT_S
@@ -98,22 +102,24 @@ class Frontend:
                 self._heartbeat()
                 next_beat = now + HEARTBEAT_S
             if now >= next_check:
-                self._check_core()
+                self._check_cores()
                 next_check = now + CORE_CHECK_S
             self._check_drain(now)
             if self._exit_code is not None:
                 return self._exit_code
             ready = dict(poller.poll(self._poll_ms(min(next_beat, next_check))))
-            if self.core_out.sock in ready:
-                self._pump(self.core_out.recv, self._on_core)
+            for r in self.replicas:
+                if r.core_out.sock in ready:
+                    self._pump(r.core_out.recv, lambda msg, r=r: self._on_core(r, msg))
             if self.router.sock in ready:
                 self._pump(self.router.recv, self._on_client_frame)
             if self.wakeup.read_fd() in ready:
                 self.wakeup.clear()
 
     def close(self) -> None:
-        for ch in (self.router, self.core_in, self.core_out):
-            ch.sock.close(linger=CLOSE_LINGER_MS)  # Channel.close would drop what is queued
+        self.router.sock.close(linger=CLOSE_LINGER_MS)  # Channel.close would drop what is queued
+        for r in self.replicas:
+            r.close(linger=CLOSE_LINGER_MS)
         self._ctx.term()
         self.wakeup.close()
 
@@ -142,8 +148,9 @@ class Frontend:
         if self._stop_signals and self._drain_deadline is None:
             log.info("draining: %d request(s) in flight", len(self.inflight))
             self._drain_deadline = now + self.cfg.drain_timeout
-            if self.info is not None:
-                self._to_core(Drain())
+            for r in self.replicas:
+                if r.up:
+                    r.send(Drain())
         if self._drain_deadline is None:
             return
         if self._stop_signals > 1:
@@ -176,7 +183,7 @@ class Frontend:
 
     def _on_generate(self, ident: bytes, msg: Generate) -> None:
         if self.core_dead:
-            return self._error(ident, msg.request_id, 503, "the engine's core process died")
+            return self._error(ident, msg.request_id, 503, CORE_DIED)
         if self.info is None or self.tokenizer is None:
             return self._error(ident, msg.request_id, 503, "engine not ready")
         if self._drain_deadline is not None:
@@ -197,11 +204,20 @@ class Frontend:
         except InvalidRequest as e:
             return self._error(ident, msg.request_id, e.code, str(e))
         st = self._state(ident, msg, ids)
-        add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
-                         sampling_of(msg), msg.ignore_eos, msg.user)
-        if not self._to_core(add):
+        st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
+                            sampling_of(msg), msg.ignore_eos, msg.user)
+        if not self._dispatch(st):
             return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
         self.inflight.add(st)
+
+    def _dispatch(self, st: RequestState) -> bool:
+        """Send it to the replica with the least outstanding work."""
+        r = least_loaded(self.replicas)
+        if r is None or not r.send(st.add):
+            return False
+        st.replica = r.index
+        r.load += st.outstanding()
+        return True
 
     def _state(self, ident: bytes, msg: Generate, ids) -> RequestState:
         stop_ids = frozenset(msg.stop_token_ids or ())
@@ -211,14 +227,15 @@ class Frontend:
         return RequestState(ident, msg.request_id, fid, list(ids),
                             self.tokenizer.decoder(msg.skip_special_tokens),
                             list(msg.stop or ()), stop_ids, msg.include_stop_str_in_output,
-                            msg.min_tokens)
+                            msg.min_tokens, msg.max_tokens)
 
     def _on_stats(self, ident: bytes) -> None:
         if self.info is None or self.core_dead:
             return self._error(ident, None, 503, "engine not ready")
         qid, self._next_qid = self._next_qid, self._next_qid + 1
-        if self._to_core(StatsQuery(qid)):
-            self._stats_waiters[qid] = ident
+        asked = {r.index for r in self.replicas if r.up and r.send(StatsQuery(qid))}
+        if asked:
+            self._stats_waiters[qid] = StatsWait(ident, asked)
         else:
             self._error(ident, None, 503, "the core is not answering")
 
@@ -242,78 +259,114 @@ class Frontend:
             self._abort(st, tell_client=False)
 
     def _abort(self, st: RequestState, *, tell_client: bool) -> None:
-        self.inflight.remove(st)
-        self._to_core(AbortRequest(st.fid))
+        self._remove(st)
+        self._replica_of(st).send(AbortRequest(st.fid))
         if tell_client:
             self.router.send(st.ident, st.end("abort"))
 
+    def _remove(self, st: RequestState) -> None:
+        self.inflight.remove(st)
+        r = self._replica_of(st)
+        r.load = max(0, r.load - st.outstanding())
+
+    def _replica_of(self, st: RequestState) -> Replica:
+        return self.replicas[st.replica]
+
     # ------------------------------------------------------------ core
 
-    def _check_core(self) -> None:
-        """A dead core fails every request in flight with 503, and every new one."""
-        pid = self._pids.get("core")
-        if self.core_dead or pid is None or pid_alive(pid):
-            return
-        self.core_dead = True
-        log.error("the core (pid %d) died: failing %d request(s) with 503", pid,
-                  len(self.inflight))
-        for st in list(self.inflight):
+    def _check_cores(self) -> None:
+        for r in self.replicas:
+            if r.died():
+                self._replica_died(r)
+
+    def _replica_died(self, r: Replica) -> None:
+        """Its requests run again on a live replica; with none left, they get 503."""
+        mine = [st for st in self.inflight if st.replica == r.index]
+        log.error("replica %d's core (pid %d) died: %d request(s) in flight", r.index,
+                  r.pids["core"], len(mine))
+        self.poller.unregister(r.core_out.sock)
+        r.reopen()
+        self.poller.register(r.core_out.sock, zmq.POLLIN)
+        r.send(Hello(os.getpid()))   # answered with CoreReady once a new core runs
+        for st in mine:
+            self._rerun(st)
+        for qid, wait in list(self._stats_waiters.items()):
+            wait.pending.discard(r.index)
+            if not wait.pending:
+                self._answer_stats(qid)
+
+    def _rerun(self, st: RequestState) -> None:
+        if st.stopping:  # its text is complete; only the core's figures are lost
             self.inflight.remove(st)
-            self._error(st.ident, st.request_id, 503, "the engine's core process died")
-        for qid, ident in self._stats_waiters.items():
-            self._error(ident, None, 503, "the engine's core process died")
-        self._stats_waiters.clear()
+            return self._send_delta(st.ident, st.end("stop"))
+        st.rerun()
+        if not self._dispatch(st):
+            self.inflight.remove(st)
+            self._error(st.ident, st.request_id, 503, CORE_DIED)
 
-    def _to_core(self, msg) -> bool:
-        if self.core_in.try_send(msg):
-            return True
-        log.error("no core connected to take %s", type(msg).__name__)
-        return False
-
-    def _on_core(self, msg) -> None:
+    def _on_core(self, r: Replica, msg) -> None:
         if isinstance(msg, StepEvents):
-            self._on_events(msg)
+            self._on_events(r, msg)
         elif isinstance(msg, Rejected):
-            st = self.inflight.by_fid(msg.fid)
+            st = self._mine(r, msg.fid)
             if st is not None:
-                self.inflight.remove(st)
+                self._remove(st)
                 self._error(st.ident, st.request_id, msg.code, msg.message)
         elif isinstance(msg, CoreStats):
-            self._on_core_stats(msg)
+            self._on_core_stats(r, msg)
         elif isinstance(msg, CoreReady):
-            self._on_ready(msg)
+            self._on_ready(r, msg)
 
-    def _on_events(self, ev: StepEvents) -> None:
+    def _mine(self, r: Replica, fid: int) -> RequestState | None:
+        """The request `fid` if it runs on `r` (a re-sent one may hear from its old core)."""
+        st = self.inflight.by_fid(fid)
+        return st if st is not None and st.replica == r.index else None
+
+    def _on_events(self, r: Replica, ev: StepEvents) -> None:
         for rev in group_events(ev):
-            st = self.inflight.by_fid(rev.fid)
+            st = self._mine(r, rev.fid)
             if st is None:
                 continue  # finished or aborted here already
+            if st.skip:
+                rev = st.skip_rerun(rev)
+                if not rev.tokens and rev.reason is None:
+                    continue
             if st.stopping and rev.reason is None:
                 continue  # tokens past a stop string, before the core took the stop
+            before = st.outstanding()
             out = st.step(rev)
+            r.load = max(0, r.load - (before - st.outstanding()))
             if out.done:
-                self.inflight.remove(st)
+                self._remove(st)
             if out.stop_core is not None:
-                self._to_core(StopRequest(rev.fid, out.stop_core))
+                r.send(StopRequest(rev.fid, out.stop_core))
             self._send_delta(st.ident, out.delta)
 
-    def _on_core_stats(self, msg: CoreStats) -> None:
-        ident = self._stats_waiters.pop(msg.qid, None)
-        if ident is None:
+    def _on_core_stats(self, r: Replica, msg: CoreStats) -> None:
+        wait = self._stats_waiters.get(msg.qid)
+        if wait is None or r.index not in wait.pending:
             return
-        stats = dict(msg.stats)
-        stats.setdefault("max_model_len", self.info.max_model_len)
-        core_pids = stats.get("pids") if isinstance(stats.get("pids"), dict) else {}
-        stats["pids"] = {**self._pids, **core_pids, "frontend": os.getpid()}
-        self.router.send(ident, StatsReply(stats))
+        wait.pending.discard(r.index)
+        wait.got[r.index] = replica_stats(msg.stats, r.index, r.pids, r.info.max_model_len)
+        if not wait.pending:
+            self._answer_stats(msg.qid)
 
-    def _on_ready(self, msg: CoreReady) -> None:
-        self._pids.update(core=msg.pid, worker=msg.worker_pid)
-        first = self.info is None
-        self.info, self._eos_ids = msg.info, frozenset(msg.info.eos_ids)
-        if not first:
-            log.info("the core is ready again (worker pid %d)", msg.worker_pid)
+    def _answer_stats(self, qid: int) -> None:
+        wait = self._stats_waiters.pop(qid)
+        if not wait.got:
+            return self._error(wait.ident, None, 503, CORE_DIED)
+        per_replica = [wait.got[k] for k in sorted(wait.got)]
+        self.router.send(wait.ident, StatsReply(merge(per_replica, os.getpid())))
+
+    def _on_ready(self, r: Replica, msg: CoreReady) -> None:
+        r.ready(msg)
+        if self.info is not None:
+            log.info("replica %d's core is ready (core pid %d, worker pid %d)", r.index,
+                     msg.pid, msg.worker_pid)
             return
+        if not all(rep.up for rep in self.replicas):
+            return   # READY once every replica runs
+        self.info, self._eos_ids = msg.info, frozenset(msg.info.eos_ids)
         try:
             self.tokenizer = Tokenizer.load(msg.info.tokenizer)
         except Exception as e:

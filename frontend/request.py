@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from core.ipc.protocol import Delta
+from core.ipc.protocol import AddRequest, Delta
 from frontend.detok import Decode, Detokenizer
 from frontend.events import RequestEvents
 from frontend.stops import StopMatcher
@@ -37,6 +37,9 @@ class RequestState:
     stop_ids: frozenset[int] = frozenset()   # tokens that end it: EOS unless ignore_eos, stop_token_ids
     include_stop: bool = False    # include_stop_str_in_output
     min_tokens: int = 0           # stop strings are looked for only after this many tokens
+    max_tokens: int = 0
+    replica: int = 0              # the engine replica running it
+    add: AddRequest | None = None  # as sent to the core; re-sent if its replica dies
 
     def __post_init__(self):
         self._detok = Detokenizer(self.decode, self.prompt_ids)
@@ -44,12 +47,28 @@ class RequestState:
         self._first = True
         self._generated = 0
         self.stopping = False      # waiting for the core to confirm a stop string's finish
+        self.skip = 0              # tokens of a re-run the client already has
         self.started = time.monotonic()
         self.first_token_at: float | None = None
 
     @property
     def key(self) -> tuple[bytes, str]:
         return self.ident, self.request_id
+
+    def outstanding(self) -> int:
+        """Tokens its replica has yet to process for it (a routing estimate)."""
+        return max(0, len(self.prompt_ids) + self.max_tokens - self._generated)
+
+    def rerun(self) -> None:
+        """Its replica died: a replica recomputes it from the prompt, and the first tokens
+        of that run, identical under greedy or a seed, are the ones the client has."""
+        self.skip = self._generated
+
+    def skip_rerun(self, ev: RequestEvents) -> RequestEvents:
+        n = min(self.skip, len(ev.tokens))
+        self.skip -= n
+        return RequestEvents(ev.fid, ev.tokens[n:], ev.logprobs[n:], ev.top[n:], ev.reason,
+                             ev.figures)
 
     def step(self, ev: RequestEvents) -> StepOutcome:
         """This step's events for the request (maybe no token) and the core's finish."""

@@ -25,5 +25,6 @@ def group(request, tmp_path_factory) -> Group:
     finally:
         code = g.stop()
     assert code == 0, g.tail()
-    r = verify_log(g.log)
-    assert r.returncode == 0, r.stdout + r.stderr
+    for log in g.logs():
+        r = verify_log(log)
+        assert r.returncode == 0, r.stdout + r.stderr

@@ -41,12 +41,33 @@ class EngineCollector(Collector):
                      s.get("cached_blocks", 0))
         for name, doc in PREFIX_COUNTERS:
             yield CounterMetricFamily(f"tl_{name}", doc, value=s.get(name, 0))
+        yield from replica_gauges(s.get("replicas") or [])
 
 
 PREFIX_COUNTERS = (
     ("prefix_query_tokens", "prompt tokens looked up in the prefix cache at admissions"),
     ("prefix_hit_tokens", "of those, tokens served from the cache"),
     ("prefix_recompute_hit_tokens", "of the hits, a preempted request's own earlier blocks"))
+
+
+REPLICA_GAUGES = (
+    ("tl_replica_requests_running", "requests in one replica's running batch",
+     lambda r: r["running"]),
+    ("tl_replica_requests_waiting", "requests in one replica's waiting queue",
+     lambda r: r["waiting"]),
+    ("tl_replica_kv_blocks_used", "KV cache blocks in use in one replica's pool",
+     lambda r: r["total_blocks"] - r["free_blocks"]),
+    ("tl_replica_kv_blocks_total", "KV cache blocks in one replica's pool",
+     lambda r: r["total_blocks"]))
+
+
+def replica_gauges(replicas: list[dict]):
+    """Each engine replica's figures, labelled `replica` (stats()["replicas"])."""
+    for name, doc, value in REPLICA_GAUGES:
+        g = GaugeMetricFamily(name, doc, labels=["replica"])
+        for r in replicas:
+            g.add_metric([str(r["replica"])], value(r))
+        yield g
 
 
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:

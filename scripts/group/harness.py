@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,15 @@ class Group:
             if int(stat[3]) == self.proc.pid and needle in cmd and int(d) != self.proc.pid:
                 return int(d)
         raise LookupError(f"no process of the group runs {needle!r}")
+
+    def logs(self) -> list[Path]:
+        """Every step log the group wrote: `log` itself, or with --dp each replica's
+        (log.r{k}.db, and log.r{k}.{n}.db after a restart)."""
+        if self.log is None:
+            return []
+        mine = re.compile(rf"{re.escape(self.log.stem)}\.r\d+(\.\d+)?{re.escape(self.log.suffix)}")
+        replicas = sorted(p for p in self.log.parent.iterdir() if mine.fullmatch(p.name))
+        return replicas or [self.log]
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.stderr.read_text(errors="replace").splitlines()[-n:])

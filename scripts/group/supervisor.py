@@ -7,6 +7,10 @@ process, started once the frontend is ready; `ready` waits for it too and is fol
 A dead worker, frontend or gateway is restarted (at most --max-restarts times each within
 --restart-window) while the others run on; a dead core, or a process out of restarts,
 stops the group and serve exits non-zero naming it.
+--dp N runs N engine replicas (core k and worker k, each with its own KV pool and its
+step log P.r{k}.db) behind the one frontend; there a dead core is restarted with its
+worker (the replica's own budget, a fresh log P.r{k}.{n}.db) while the frontend runs its
+requests again on the others.
 SIGINT/SIGTERM: the gateway drains first (in-flight HTTP requests finish), then the
 frontend (new requests get 503, running ones finish up to --drain-timeout), then core and
 worker are stopped.
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 
@@ -62,6 +67,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=None,
                    help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
     p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--dp", type=int, default=1,
+                   help="engine replicas (data parallel), each a core and worker of its own")
     add_sched_args(p)
     return p.parse_args(argv)
 
@@ -70,30 +77,55 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list[str]]:
-    ep = {k: f"ipc://{ipc}/{k}" for k in ("fe_in", "fe_out", "wk_in", "wk_out")}
+def replica_names(dp: int) -> list[tuple[str, str]]:
+    """Each replica's (core, worker) process names: plain with one replica, as before."""
+    return [("core", "worker")] if dp == 1 else [(f"core{k}", f"worker{k}") for k in range(dp)]
+
+
+def replica_log(log: str | None, k: int, dp: int, generation: int = 0) -> str | None:
+    """P itself with one replica; P.r{k}.suffix with more (P.r{k}.{n}.suffix after the
+    n-th restart of replica k: a step log is never reopened)."""
+    if log is None or dp == 1:
+        return log
+    p = Path(log)
+    return str(p.with_name(f"{p.stem}.r{k}{f'.{generation}' if generation else ''}{p.suffix}"))
+
+
+def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
+                     k: int) -> tuple[list[str], list[str]]:
+    ep = {e: f"ipc://{ipc}/{e}{k if a.dp > 1 else ''}"
+          for e in ("fe_in", "fe_out", "wk_in", "wk_out")}
     py = [sys.executable, "-m"]
-    sched = [x for k in SCHED_FLAGS if getattr(a, k) is not None
-             for x in (_flag(k), str(getattr(a, k)))]
+    sched = [x for n in SCHED_FLAGS if getattr(a, n) is not None
+             for x in (_flag(n), str(getattr(a, n)))]
     core = py + ["core", "--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"],
                  "--worker-in", ep["wk_in"], "--worker-out", ep["wk_out"]] + sched
     if log:
-        core += ["--log", log, "--log-errors", a.log_errors]
+        core += ["--log", replica_log(log, k, a.dp), "--log-errors", a.log_errors]
     if not a.prefix_cache:
         core.append("--no-prefix-cache")
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
                    "--model", a.model, "--device", a.device, "--dtype", a.dtype,
                    "--block-size", str(a.block_size)]
-    for k in ("num_blocks", "kv_memory", "max_model_len"):
-        if getattr(a, k) is not None:
-            worker += [_flag(k), str(getattr(a, k))]
-    frontend = py + ["frontend", "--address", a.address, "--core-in", ep["fe_in"],
-                     "--core-out", ep["fe_out"], "--max-frame-bytes", str(a.max_frame_bytes),
-                     "--drain-timeout", str(a.drain_timeout),
-                     "--max-inflight-per-client", str(a.max_inflight_per_client)]
+    for n in ("num_blocks", "kv_memory", "max_model_len"):
+        if getattr(a, n) is not None:
+            worker += [_flag(n), str(getattr(a, n))]
+    return core, worker
+
+
+def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list[str]]:
+    cmds: dict[str, list[str]] = {}
+    frontend = [sys.executable, "-m", "frontend", "--address", a.address]
+    for k, (core, worker) in enumerate(replica_names(a.dp)):
+        cmds[core], cmds[worker] = replica_commands(a, ipc, log, k)
+        frontend += ["--core-in", cmds[core][cmds[core].index("--frontend-in") + 1],
+                     "--core-out", cmds[core][cmds[core].index("--frontend-out") + 1]]
+    frontend += ["--max-frame-bytes", str(a.max_frame_bytes),
+                 "--drain-timeout", str(a.drain_timeout),
+                 "--max-inflight-per-client", str(a.max_inflight_per_client)]
     if a.allow_remote:
         frontend.append("--allow-remote")
-    return {"core": core, "worker": worker, "frontend": frontend}
+    return {**cmds, "frontend": frontend}
 
 
 def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[str]:
@@ -117,7 +149,7 @@ class Group:
     def __init__(self, cmds: dict[str, list[str]]):
         self.cmds = cmds
         self.procs: dict[str, subprocess.Popen] = {}
-        for name in ("core", "worker", "frontend"):
+        for name in cmds:   # cores and workers, then the frontend
             self.spawn(name)
 
     def spawn(self, name: str) -> None:
@@ -166,7 +198,11 @@ class Group:
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    def stop(self, names=("http", "frontend", "core", "worker"), grace: float = 5.0) -> None:
+    def engines(self) -> list[str]:
+        return [n for n in self.procs if n.startswith(("core", "worker"))]
+
+    def stop(self, names=None, grace: float = 5.0) -> None:
+        names = names or ("http", "frontend", *self.engines())
         names = [n for n in names if n in self.procs]
         self.terminate(names)
         deadline = time.monotonic() + grace
@@ -187,6 +223,9 @@ def main(argv=None) -> int:
             print(f"serve: {addr} is not a loopback address; pass --allow-remote to bind it",
                   file=sys.stderr)
             return 2
+    if a.dp < 1:
+        print("serve: --dp must be at least 1", file=sys.stderr)
+        return 2
     log = None if a.no_log else (a.log or default_log())
     ipc = tempfile.mkdtemp(prefix="tl-")
     stop = {"sig": None}
@@ -201,6 +240,11 @@ def main(argv=None) -> int:
 
 
 RESTARTABLE = ("worker", "frontend", "http")
+
+
+def restartable(name: str, a) -> bool:
+    """A core is restarted only where other replicas serve meanwhile."""
+    return name.rstrip("0123456789") in RESTARTABLE or (a.dp > 1 and name.startswith("core"))
 
 
 def supervise(group: Group, a, log, stop) -> int:
@@ -220,13 +264,14 @@ def supervise(group: Group, a, log, stop) -> int:
     print(f"ready {addr}", flush=True)
     if http:
         print(f"http {http}", flush=True)
-    if log:
-        print(f"log {log}", flush=True)
-    restarts: dict[str, list[float]] = {name: [] for name in RESTARTABLE}
+    for k in range(a.dp) if log else ():
+        print(f"log {replica_log(log, k, a.dp)}", flush=True)
+    restarts: dict[str, list[float]] = {}
     while stop["sig"] is None:
         dead = group.dead()
-        if dead and dead[0] in RESTARTABLE and may_restart(restarts[dead[0]], a, dead[0]):
-            if not restart(group, a, *dead, len(restarts[dead[0]])):
+        if dead and restartable(dead[0], a) and may_restart(
+                restarts.setdefault(dead[0], []), a, dead[0]):
+            if not restart(group, a, *dead, len(restarts[dead[0]]), log):
                 return report_death(group, "while restarting")
         elif dead:
             return report_death(group, "")
@@ -234,20 +279,37 @@ def supervise(group: Group, a, log, stop) -> int:
     print("serve: draining", file=sys.stderr, flush=True)
     group.stop(("http",), grace=a.drain_timeout + 10)
     group.stop(("frontend",), grace=a.drain_timeout + 10)
-    group.stop(("core", "worker"))
+    group.stop(group.engines())
     return 0
 
 
-def restart(group: Group, a, name: str, code: int, n: int) -> bool:
+def restart_replica(group: Group, a, core: str, log: str | None) -> None:
+    """A new core and worker for the replica whose core died (its worker served only it)."""
+    k = int(core[len("core"):])
+    worker = f"worker{k}"
+    group.stop((worker,), grace=0)
+    cmd = group.cmds[core]
+    if log:
+        n = next(n for n in range(1, 1 << 20)
+                 if not os.path.exists(replica_log(log, k, a.dp, n)))
+        cmd[cmd.index("--log") + 1] = replica_log(log, k, a.dp, n)
+    group.spawn(core)
+    group.spawn(worker)
+
+
+def restart(group: Group, a, name: str, code: int, n: int, log: str | None = None) -> bool:
     """Start `name` again; the frontend and gateway are waited for (False: they failed)."""
     print(f"serve: {name} exited with code {code}; starting a new one "
           f"({n}/{a.max_restarts} in {a.restart_window:.0f}s)", file=sys.stderr, flush=True)
     t0 = time.monotonic()
+    if name.startswith("core"):  # the frontend sees its CoreReady itself
+        restart_replica(group, a, name, log)
+        return True
     group.spawn(name)
-    if name == "worker":  # the core waits for its WorkerReady itself
+    if name.startswith("worker"):  # the core waits for its WorkerReady itself
         return True
     # a worker that dies meanwhile is restarted once this one is back (the core waits)
-    if group.wait_ready(a.startup_timeout, name, tolerate=("worker",)) is None:
+    if group.wait_ready(a.startup_timeout, name, tolerate=tuple(group.engines())) is None:
         return False
     print(f"serve: {name} is back after {time.monotonic() - t0:.2f}s", file=sys.stderr,
           flush=True)
@@ -270,9 +332,9 @@ def report_death(group: Group, when: str) -> int:
     what = f"{dead[0]} exited with code {dead[1]}" if dead else "start-up timed out"
     print(f"serve: {what} {when}; stopping the group".replace("  ", " "), file=sys.stderr,
           flush=True)
-    if dead and dead[0] in ("core", "worker"):
-        # the frontend answers 503 to every request in flight once the core is gone
-        group.terminate(("core", "worker"))  # they exit while the frontend answers
+    if dead and dead[0].startswith(("core", "worker")):
+        # the frontend answers 503 to every request in flight once the cores are gone
+        group.terminate(group.engines())  # they exit while the frontend answers
         time.sleep(FRONTEND_GRACE_S)
     return 1
 
