@@ -50,6 +50,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
     p.add_argument("--max-frame-bytes", type=int, default=1 << 20)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
@@ -84,6 +86,8 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
                    "--model", a.model, "--device", a.device, "--dtype", a.dtype,
                    "--block-size", str(a.block_size)]
+    if a.tp != 1:
+        worker += ["--tp", str(a.tp)]
     for k in ("num_blocks", "kv_memory", "max_model_len"):
         if getattr(a, k) is not None:
             worker += [_flag(k), str(getattr(a, k))]
