@@ -91,7 +91,7 @@ def test_tiny_over_two_ranks_survives_a_rank_killed_mid_run(tmp_path):
     seen: set[int] = set()
     try:
         with Client(g.address, timeout=30) as c:
-            assert c.stats()["model"] == "tiny"
+            assert (c.stats()["model"], c.stats()["tp"]) == ("tiny", 2)
         assert_same_greedy(g.address, "tiny", resolve_model("tiny"))
         with Client(g.address, timeout=120) as c:
             want = [c.generate(**r).token_ids for r in REQS]
