@@ -66,11 +66,14 @@ def test_refusals_name_why():
         check_split(tiny, 0)
 
 
-def test_the_worker_refuses_before_starting_ranks():
+def test_a_bad_tp_is_refused_before_any_rank_starts():
     r = subprocess.run([sys.executable, "-m", "worker", "--tp", "3", "--to-core", "ipc:///x",
                         "--from-core", "ipc:///y"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "--tp 3 does not divide the model's 4 attention heads" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "scripts.group.supervisor", "--tp", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--tp must be at least 1" in r.stderr
 
 
 @pytest.mark.slow  # a group of three processes, one with a second rank: ~30 s

@@ -22,6 +22,8 @@ def main(argv=None) -> int:
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.tp < 1:
+        p.error(f"--tp must be at least 1, not {a.tp}")
     die_with_parent()
     sigterm_as_interrupt()
     if a.tp != 1:

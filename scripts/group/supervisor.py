@@ -65,7 +65,10 @@ def parse(argv=None) -> argparse.Namespace:
                    help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
     p.add_argument("--http-host", default="127.0.0.1")
     add_sched_args(p)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.tp < 1:
+        p.error(f"--tp must be at least 1, not {a.tp}")
+    return a
 
 
 def _flag(name: str) -> str:
