@@ -14,6 +14,7 @@ import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from frontend.client import Client
+from replay.logfile import LogFile
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
 from tests.test_faults import REQS, run_concurrently
@@ -121,6 +122,7 @@ def test_tiny_over_two_ranks_survives_a_rank_killed_mid_run(tmp_path):
     assert st["free_blocks"] == st["total_blocks"]
     err = g.stderr.read_text()
     assert re.search(r"rank 1 \(pid \d+\) exited", err) and re.search(r"worker \d+ lost", err)
+    assert LogFile(g.log).meta["model_info"]["tp"] == 2
     assert verify_log(g.log).returncode == 0
     r = verify_log(g.log, "--with-model")
     assert r.returncode == 0, r.stdout + r.stderr
