@@ -326,7 +326,7 @@ class CoreLoop:
                 "total_blocks": st.total_blocks, "steps": st.steps,
                 "preemptions": st.preemptions, "finished": st.finished,
                 "max_model_len": self.engine.sched.cfg.max_model_len,
-                "model": self.info.model, "tokenizer": self.info.tokenizer,
+                "model": self.info.model, "tokenizer": self.info.tokenizer, "tp": self.info.tp,
                 "step_ms_total": self.engine.step_ms_total,
                 **prefix_stats(self.engine.sched.blocks),
                 "pids": {"core": os.getpid(), "worker": self.worker_pid}}

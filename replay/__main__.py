@@ -30,7 +30,9 @@ def cmd_verify(a) -> int:
         print(f"warning: {w}", file=sys.stderr)
     runner = None
     if a.with_model:
-        from replay.model import ModelUnavailable, runner_for
+        from replay.model import ModelUnavailable, runner_for, tp_warning
+        if w := tp_warning(log.meta):
+            print(f"warning: {w}", file=sys.stderr)
         try:
             runner = runner_for(log.meta, a.device, a.dtype)
         except ModelUnavailable as e:

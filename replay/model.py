@@ -4,6 +4,10 @@ block layout, dtype and device as the log's meta says, or a clear refusal.
 Bit-exact replay needs the same kernels: a log made on CUDA is re-run on CUDA. Another
 device or dtype may be asked for explicitly (--device/--dtype); tokens may then differ
 where the top two logits are close, and the verdict says where.
+
+A log made with a tensor-parallel worker (meta's model_info.tp > 1) is re-run in one
+process: its logits differ from the TP run's by the all-reduces' rounding (~1e-4 in
+float32), so tokens are equal wherever the top two logits are further apart than that.
 """
 from __future__ import annotations
 
@@ -27,6 +31,15 @@ def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
                            max_model_len=info["max_model_len"])
     except (FileNotFoundError, ValueError) as e:
         raise ModelUnavailable(f"cannot load the log's model {meta['model']!r}: {e}") from None
+
+
+def tp_warning(meta: dict) -> str | None:
+    """What to say when the log ran tensor-parallel and the re-run does not."""
+    tp = meta["model_info"].get("tp", 1)
+    if tp == 1:
+        return None
+    return (f"the log ran with tp {tp}; re-running in one process (tp 1): tokens may differ "
+            "where the top two logits are within the TP rounding (~1e-4)")
 
 
 def _check_device(device: str, logged: str) -> None:

@@ -18,9 +18,17 @@ def main(argv=None) -> int:
     p.add_argument("--kv-memory", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (worker/tp.py)")
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.tp < 1:
+        p.error(f"--tp must be at least 1, not {a.tp}")
     die_with_parent()
     sigterm_as_interrupt()
+    if a.tp != 1:
+        from worker import tp
+        return tp.main(a, sys.argv[1:] if argv is None else list(argv))
     from worker.load import make_runner  # torch loads after the lifeline is set
     from worker.process import serve
     runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,

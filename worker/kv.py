@@ -20,11 +20,12 @@ class KVShape:
         return self.layers * 2 * block_size * self.kv_heads * self.head_dim * elem
 
 
-def kv_shape(config) -> KVShape:
+def kv_shape(config, tp: int = 1) -> KVShape:
+    """One rank's share of the KV heads: the config still counts all of them under TP."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return KVShape(config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return KVShape(config.num_hidden_layers, kv_heads // tp, head_dim)
 
 
 def size_pool(shape: KVShape, block_size: int, dtype: torch.dtype, max_model_len: int,

@@ -23,9 +23,11 @@ def resolve_model(name: str) -> Path:
 
 def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                 num_blocks: int | None = None, kv_memory: int | None = None,
-                block_size: int = 16, max_model_len: int | None = None):
+                block_size: int = 16, max_model_len: int | None = None, tp: int = 1):
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
-    The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default."""
+    The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
+    tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
+    kv_memory is then per rank."""
     if model == "null":
         from worker.null import NullRunner
         return NullRunner(num_blocks=num_blocks or 256, block_size=block_size,
@@ -42,39 +44,45 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     keep_heap()
 
     path = resolve_model(model)
-    hf = load_model(path, device, dtype)
+    hf = load_model(path, device, dtype, tp)
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = _context_limit(cfg, max_model_len)
-    shape = kv.kv_shape(cfg)
+    shape = kv.kv_shape(cfg, tp)
     blocks = kv.size_pool(shape, block_size, torch_dtype, limit, num_blocks, kv_memory)
     cache = kv.allocate(shape, blocks, block_size, torch_dtype, hf.device)
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
-                     device=str(hf.device), tokenizer=str(path))
+                     device=str(hf.device), tokenizer=str(path), tp=tp)
     runner = ModelRunner(hf, cache, info)
     runner.probe()
     return runner
 
 
-def load_model(path: Path, device: str = "cpu", dtype: str = "float32"):
+def load_model(path: Path, device: str = "cpu", dtype: str = "float32", tp: int = 1):
     """The checkpoint as a transformers model whose attention is the paged one; ValueError
-    for an architecture or config feature it does not serve exactly (worker/archs.py)."""
+    for an architecture or config feature it does not serve exactly (worker/archs.py), or a
+    model that cannot be split over `tp` ranks (worker/tp.py)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from worker import archs, attention
+    from worker import archs, attention, tp as tensor_parallel
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device cuda requested but torch sees no CUDA device")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     archs.check(config)
+    tensor_parallel.check_split(config, tp)
     attention.register()
+    split = {}
+    if tp > 1:  # transformers places each shard on this rank's device
+        from transformers import DistributedConfig
+        split = {"distributed_config": DistributedConfig(tp_size=tp)}
     hf = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype),
                                               local_files_only=True,
-                                              attn_implementation=attention.NAME)
-    return hf.to(dev).eval()
+                                              attn_implementation=attention.NAME, **split)
+    return (hf if split else hf.to(dev)).eval()
 
 
 def _context_limit(cfg, requested: int | None) -> int:

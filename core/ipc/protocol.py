@@ -48,6 +48,7 @@ class ModelInfo:
     dtype: str = "float32"
     device: str = "cpu"
     tokenizer: str = ""           # a local HF directory holding the tokenizer
+    tp: int = 1                   # tensor-parallel ranks the worker runs as
 
 
 # ---------------------------------------------------------------- client <-> frontend

@@ -55,6 +55,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
     p.add_argument("--max-frame-bytes", type=int, default=1 << 20)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
@@ -70,7 +72,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--dp", type=int, default=1,
                    help="engine replicas (data parallel), each a core and worker of its own")
     add_sched_args(p)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.tp < 1:
+        p.error(f"--tp must be at least 1, not {a.tp}")
+    return a
 
 
 def _flag(name: str) -> str:
@@ -107,6 +112,8 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
                    "--model", a.model, "--device", a.device, "--dtype", a.dtype,
                    "--block-size", str(a.block_size)]
+    if a.tp != 1:
+        worker += ["--tp", str(a.tp)]
     for n in ("num_blocks", "kv_memory", "max_model_len"):
         if getattr(a, n) is not None:
             worker += [_flag(n), str(getattr(a, n))]

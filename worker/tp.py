@@ -1,0 +1,200 @@
+"""The tensor-parallel worker (`python -m worker --tp N`): N ranks over torch.distributed.
+
+Rank 0 is the worker scripts/serve started: it starts ranks 1..N-1 as its children, talks to
+the core, broadcasts every ForwardBatch (and the final Shutdown) to them, and samples from
+the full logits. Every rank runs every forward on its shard of the model (transformers' own
+tensor-parallel plan, DistributedConfig(tp_size=N)) and its own KV heads; the all-reduces
+happen inside the model. Rank 0 exits as soon as any rank dies, so serve restarts the group
+as one worker (preempt all, recompute).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from core.ipc.protocol import ForwardBatch, Shutdown, decode, encode
+
+# Followers wait in a broadcast for as long as the core has nothing to run: no timeout.
+IDLE_WAIT = datetime.timedelta(days=365)
+RENDEZVOUS_WAIT = datetime.timedelta(seconds=300)
+MAX_FRAME = 1 << 30
+# Families whose greedy tokens over 2 ranks tests/test_tp.py matches with one process's; as
+# in worker/archs.py, the others are refused rather than served unchecked.
+CHECKED = frozenset({"llama", "qwen2"})
+
+
+def _log(rank: int, msg: str) -> None:
+    print(f"[worker rank {rank}] {msg}", file=sys.stderr, flush=True)
+
+
+def check_split(config, tp: int) -> None:
+    """ValueError saying why the model cannot be split over `tp` ranks."""
+    if tp < 1:
+        raise ValueError(f"--tp must be at least 1, not {tp}")
+    if tp == 1:
+        return
+    kind = getattr(config, "model_type", None)
+    if not getattr(config, "base_model_tp_plan", None):
+        raise ValueError(f"model_type {kind!r} has no tensor-parallel plan in transformers; "
+                         "it runs with --tp 1 only")
+    if kind not in CHECKED:
+        raise ValueError(f"model_type {kind!r} is not checked under tensor parallel "
+                         f"(checked: {', '.join(sorted(CHECKED))}); it runs with --tp 1 only")
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for n, what in ((heads, "attention heads"), (kv_heads, "KV heads")):
+        if n % tp:
+            raise ValueError(f"--tp {tp} does not divide the model's {n} {what}")
+
+
+def main(a, argv: list[str]) -> int:
+    """Rank a.rank of a.tp; `argv` is rank 0's command line, which the followers reuse."""
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // a.tp))
+    ranks: list[subprocess.Popen] = []
+    stopping = threading.Event()
+    if a.rank == 0:
+        _precheck(a)
+        store = dist.TCPStore("127.0.0.1", 0, a.tp, is_master=True, timeout=RENDEZVOUS_WAIT,
+                              wait_for_workers=False)
+        ranks = [_spawn(argv, r, store.port) for r in range(1, a.tp)]
+        threading.Thread(target=_watch, args=(ranks, stopping), daemon=True).start()
+    else:
+        store = dist.TCPStore("127.0.0.1", a.store_port, a.tp, is_master=False,
+                              timeout=RENDEZVOUS_WAIT)
+    os.environ["LOCAL_RANK"] = str(a.rank)  # transformers binds cuda:LOCAL_RANK
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo", store=store,
+                            rank=a.rank, world_size=a.tp, timeout=IDLE_WAIT)
+    # the control broadcasts are CPU bytes, so they take gloo also beside NCCL
+    control = dist.new_group(backend="gloo", timeout=IDLE_WAIT)
+    shut = False
+    try:
+        runner = _runner(a)
+        if a.rank == 0:
+            shut = _lead(runner, control, ranks, a)
+        else:
+            _follow(runner, control)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stopping.set()
+        _stop(ranks, 5.0 if shut else 0.0)
+    return 0
+
+
+def _precheck(a) -> None:
+    """The refusals that need no process group, before any rank is started."""
+    if a.model == "null":
+        raise ValueError("the null model has no weights to split: use --tp 1")
+    if a.device == "cuda" and torch.cuda.device_count() < a.tp:
+        raise ValueError(f"--tp {a.tp} on cuda needs a GPU per rank; torch sees "
+                         f"{torch.cuda.device_count()}")
+    from transformers import AutoConfig
+
+    from worker.load import resolve_model
+    check_split(AutoConfig.from_pretrained(resolve_model(a.model), local_files_only=True), a.tp)
+
+
+def _spawn(argv: list[str], rank: int, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "worker", *argv, "--rank", str(rank), "--store-port", str(port)]
+    return subprocess.Popen(cmd, env=dict(os.environ, LOCAL_RANK=str(rank)))
+
+
+def _watch(ranks: list[subprocess.Popen], stopping: threading.Event) -> None:
+    """Rank 0 exits once any rank dies: the group is restarted whole."""
+    while not stopping.wait(0.1):
+        if (why := _first_dead(ranks)) and not stopping.is_set():
+            _exit_for(why)
+
+
+def _first_dead(ranks: list[subprocess.Popen], wait: float = 0.0) -> str | None:
+    deadline = time.monotonic() + wait
+    while True:
+        for r, p in enumerate(ranks, 1):
+            if p.poll() is not None:
+                return f"rank {r} (pid {p.pid}) exited with code {p.returncode}"
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _exit_for(why: str) -> None:
+    _log(0, f"{why}; exiting")
+    os._exit(1)
+
+
+def _stop(ranks: list[subprocess.Popen], grace: float) -> None:
+    """Wait `grace` seconds for the ranks, then kill them: a rank blocked in a collective
+    does not see SIGTERM, and holds nothing worth a clean exit."""
+    deadline = time.monotonic() + grace
+    for p in ranks:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _runner(a):
+    from worker.load import make_runner
+    return make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
+                       kv_memory=a.kv_memory, block_size=a.block_size,
+                       max_model_len=a.max_model_len, tp=a.tp)
+
+
+class _Lead:
+    """Rank 0's runner as process.serve sees it: each batch goes to every rank first."""
+
+    def __init__(self, runner, control, ranks):
+        self.runner, self.control, self.ranks, self.info = runner, control, ranks, runner.info
+
+    def run(self, batch: ForwardBatch):
+        try:
+            broadcast(batch, self.control)
+            return self.runner.run(batch)
+        except RuntimeError:
+            # a collective whose peer died fails here before the watcher sees the death
+            if why := _first_dead(self.ranks, wait=2.0):
+                _exit_for(why)
+            raise
+
+
+def _lead(runner, control, ranks, a) -> bool:
+    """Serve the core; True once the Shutdown has reached every rank."""
+    import zmq
+
+    from worker.process import serve
+    ctx = zmq.Context()
+    try:
+        serve(_Lead(runner, control, ranks), ctx, a.to_core, a.from_core)
+        broadcast(Shutdown(), control)  # only after a Shutdown: never inside a broadcast
+        return True
+    finally:
+        ctx.term()
+
+
+def _follow(runner, control) -> None:
+    while not isinstance(batch := receive(control), Shutdown):
+        runner.logits(batch)
+
+
+def broadcast(msg, group) -> None:
+    """Rank 0: the message's frame to every rank, its length first."""
+    data = encode(msg)
+    dist.broadcast(torch.tensor([len(data)], dtype=torch.int64), 0, group=group)
+    dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0, group=group)
+
+
+def receive(group):
+    """Ranks 1..N-1: the message rank 0 broadcast."""
+    n = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(n, 0, group=group)
+    buf = torch.empty(int(n), dtype=torch.uint8)
+    dist.broadcast(buf, 0, group=group)
+    return decode(buf.numpy().tobytes(), accept=(ForwardBatch, Shutdown), max_bytes=MAX_FRAME)
