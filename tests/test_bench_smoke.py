@@ -43,3 +43,16 @@ def test_bench_prefix_tiny(tmp_path):
     assert doc["on"]["shared_steady"]["prefix_hit_tokens"] > 0
     assert doc["off"]["shared_steady"]["prefix_hit_tokens"] == 0
     assert set(doc["ratios"]) == {"shared_t0", "shared_steady", "mixed"}
+
+
+@pytest.mark.slow
+def test_bench_scale_tiny(tmp_path):
+    out = tmp_path / "scale.json"
+    cmd = [str(ROOT / "scripts" / "bench"), "scale", "--model", "tiny", "--requests", "3",
+           "--no-progress", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["settings"]) == {"dp1", "dp2", "tp1", "tp2"}
+    assert all(m["completed"] == 3 for m in doc["settings"].values())
+    assert set(doc["ratios"]) == {"throughput dp2/dp1", "throughput tp2/tp1"}
