@@ -84,6 +84,7 @@ def test_requests_spread_over_both_replicas(group):
     assert wait_logged(logs) == finished
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_tokens_equal_a_dp1_run(group, tmp_path):
     one = start_group(tmp_path, ["--num-blocks", "128"], log=False)
     try:

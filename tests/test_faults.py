@@ -124,6 +124,7 @@ def test_worker_death_is_survived_with_the_same_tokens(tmp_path, fault):
     assert conn.execute("SELECT count(*) FROM inputs WHERE kind='restart'").fetchone()[0] == 1
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_restarts_exhausted_gives_503_and_exits_non_zero(tmp_path):
     g = start_group(tmp_path, ["--max-restarts", "0"], log=False)
     try:
@@ -162,6 +163,7 @@ def test_core_death_503s_within_2s_and_the_log_verifies(tmp_path):
     assert r.returncode == 0 and "steps verified" in r.stdout, r.stdout
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
     """kill -9 of the frontend: its clients get 503 at once (they see the connection
     drop), serve starts a new frontend on the same address, the core and worker run on,

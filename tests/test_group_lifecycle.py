@@ -60,6 +60,7 @@ def test_sigterm_drains_running_requests_then_stops_everything(tmp_path):
     assert wait_dead(pids)
 
 
+@pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 @pytest.mark.parametrize("victim, args", [("core", []), ("frontend", ["--max-restarts", "0"])])
 def test_a_dead_process_stops_the_group_non_zero(tmp_path, victim, args):
     """The core is never restarted; a frontend is, until its restarts run out."""
