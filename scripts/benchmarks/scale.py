@@ -12,6 +12,8 @@ the comparison is at equal threads per replica):
   dp1  --dp 1, 1 thread          dp2  --dp 2, 1 thread per replica
   tp1  --tp 1, 2 threads         tp2  --tp 2, 1 thread per rank (the same total threads)
 Reports output tokens/s and TTFT p50/p99 per setting, and the ratios dp2/dp1 and tp2/tp1.
+A setting whose group does not start (smol's 9 heads cannot be split over 2 ranks) is
+reported as refused; `--settings tp1,tp2 --model tiny` measures TP on a model it splits.
 """
 from __future__ import annotations
 
@@ -89,12 +91,17 @@ def main(argv=None) -> int:
            "workload": {**bl.MIXED, "requests": a.requests}, "settings": {}}
     for name in names:
         print(f"{name}: starting a group on {a.model} ...", file=sys.stderr, flush=True)
-        doc["settings"][name] = one(a, name, serve_args, reqs)
+        try:
+            doc["settings"][name] = one(a, name, serve_args, reqs)
+        except RuntimeError as e:   # e.g. --tp 2 refused: heads not divisible by 2
+            doc.setdefault("refused", {})[name] = str(e).splitlines()[-3:]
+            print(f"{name}: the group did not start: {doc['refused'][name]}", file=sys.stderr)
     doc["ratios"] = ratios(doc["settings"])
     print(report(doc))
     if a.json:
         bl.write_json(a.json, doc)
-    return 0 if all(m["errors"] == 0 for m in doc["settings"].values()) else 1
+    ok = not doc.get("refused") and all(m["errors"] == 0 for m in doc["settings"].values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
