@@ -11,6 +11,7 @@ client is gone, and its requests are aborted at the core.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -25,6 +26,7 @@ from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, Add
                            Stats, StatsQuery, StatsReply, StepEvents, StopRequest)
 from frontend.events import group_events
 from frontend.inflight import Inflight
+from frontend.limits import SEED_LIMIT
 from frontend.replica_stats import StatsWait, merge, replica_stats
 from frontend.replicas import Replica, least_loaded
 from frontend.request import RequestState
@@ -204,8 +206,9 @@ class Frontend:
         except InvalidRequest as e:
             return self._error(ident, msg.request_id, e.code, str(e))
         st = self._state(ident, msg, ids)
+        seed = failover_seed(msg, ident) if len(self.replicas) > 1 else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
-                            sampling_of(msg), msg.ignore_eos, msg.user)
+                            sampling_of(msg, seed), msg.ignore_eos, msg.user)
         if not self._dispatch(st):
             return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
         self.inflight.add(st)
@@ -376,7 +379,20 @@ class Frontend:
         print(f"READY {self.router.address}", flush=True)
 
 
-def sampling_of(msg: Generate) -> SamplingParams:
-    return SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed, msg.min_p,
+def failover_seed(msg: Generate, ident: bytes) -> int | None:
+    """With several replicas, a sampled request without a seed gets one here, from its
+    client and request id: if its replica dies, the re-run on another draws the same tokens,
+    so the stream the client already has goes on coherently (a core would derive a seed from
+    its own request id, which differs between replicas)."""
+    if msg.temperature == 0 or msg.seed is not None:
+        return None
+    h = hashlib.blake2b(ident + msg.request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") % SEED_LIMIT
+
+
+def sampling_of(msg: Generate, seed: int | None = None) -> SamplingParams:
+    """The request's sampling; `seed` stands in for a missing one."""
+    return SamplingParams(msg.temperature, msg.top_p, msg.top_k,
+                          msg.seed if msg.seed is not None else seed, msg.min_p,
                           msg.presence_penalty, msg.frequency_penalty, msg.repetition_penalty,
                           msg.min_tokens, msg.stop_token_ids, msg.logprobs)

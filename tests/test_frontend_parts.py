@@ -151,3 +151,15 @@ def test_held_text_released_when_the_core_finishes():
     st.step(ev(b"hel"))
     end = st.step(ev([], "length"))
     assert end.delta.text == "l" and end.delta.finish_reason == "length" and end.stop_core is None
+
+
+def test_a_failover_seed_only_for_unseeded_sampling_and_stable():
+    from frontend.process import failover_seed, sampling_of
+    sampled = Generate("r1", "hi", temperature=0.7)
+    s = failover_seed(sampled, b"client")
+    assert s == failover_seed(sampled, b"client") and 0 <= s < 2 ** 63
+    assert s != failover_seed(sampled, b"other") != failover_seed(Generate("r2", "hi", temperature=0.7), b"client")
+    assert failover_seed(Generate("r", "hi"), b"c") is None                      # greedy
+    assert failover_seed(Generate("r", "hi", temperature=0.7, seed=3), b"c") is None
+    assert sampling_of(sampled, s).seed == s
+    assert sampling_of(Generate("r", "hi", temperature=0.7, seed=3), s).seed == 3
