@@ -46,6 +46,7 @@ class PrefixCacheBlocks:
         self._done: dict[Hashable, tuple[int, bytes]] = {}  # id -> (blocks settled, last key)
         self._req_prio: dict[Hashable, int] = {}
         self._clock = 0  # logical: one tick per block unreferenced
+        self._memo: tuple[Sequence[int] | None, list[bytes]] = (None, [])  # see _chain
         self.prefix_query_tokens = 0           # tokens looked up by successful allocations
         self.prefix_hit_tokens = 0             # of those, found cached (every hit)
         self.prefix_recompute_hit_tokens = 0   # of the hits, on blocks the request computed
@@ -154,17 +155,32 @@ class PrefixCacheBlocks:
     # ------------------------------------------------------------------ internals
 
     def _lookup(self, tokens: Sequence[int]) -> tuple[list[int], bytes]:
-        B, cached = self._B, self._block
+        cached = self._block
         hits: list[int] = []
         parent = _ROOT
-        for i in range((len(tokens) - 1) // B):  # position n-1 is always computed
-            key = block_key(parent, tokens[i * B:(i + 1) * B])
+        for key in self._chain(tokens):
             b = cached.get(key)
             if b is None:
                 break
             hits.append(b)
             parent = key
         return hits, parent
+
+    def _chain(self, tokens: Sequence[int]) -> list[bytes]:
+        """The keys of tokens' full blocks before position n-1 (always computed). The last
+        list's chain is kept: admission looks the waiting head up twice (cached_prefix, then
+        allocate), and again every step it waits. The scheduler's token lists only grow, so
+        a kept chain is a prefix of the list's chain now."""
+        B, n = self._B, (len(tokens) - 1) // self._B
+        memo, keys = self._memo
+        if memo is not tokens:
+            keys = []
+        parent = keys[-1] if keys else _ROOT
+        for i in range(len(keys), n):
+            parent = block_key(parent, tokens[i * B:(i + 1) * B])
+            keys.append(parent)
+        self._memo = (tokens, keys)
+        return keys[:n]
 
     def _hold(self, b: int, priority: int) -> None:
         entry = self._handle.pop(b, None)

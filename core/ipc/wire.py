@@ -97,6 +97,15 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+# A scalar type: what values it accepts (bool is no int or number here) and its name.
+_SCALARS = {
+    bool: (lambda v: isinstance(v, bool), "bool"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "int"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "number"),
+    str: (lambda v: isinstance(v, str), "string"),
+}
+
+
 def _check(tp: Any, v: Any, where: str) -> Any:
     """Return v converted to tp, or raise ProtocolError(400)."""
     origin = typing.get_origin(tp)
@@ -111,22 +120,12 @@ def _check(tp: Any, v: Any, where: str) -> Any:
         if v is None:
             return None
         raise ProtocolError(400, f"{where}: expected null")
-    if tp is bool:
-        if isinstance(v, bool):
-            return v
-        raise ProtocolError(400, f"{where}: expected bool, got {type(v).__name__}")
-    if tp is int:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        raise ProtocolError(400, f"{where}: expected int, got {type(v).__name__}")
-    if tp is float:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-        raise ProtocolError(400, f"{where}: expected number, got {type(v).__name__}")
-    if tp is str:
-        if isinstance(v, str):
-            return v
-        raise ProtocolError(400, f"{where}: expected string, got {type(v).__name__}")
+    scalar = _SCALARS.get(tp)
+    if scalar is not None:
+        accepts, name = scalar
+        if accepts(v):
+            return float(v) if tp is float else v
+        raise ProtocolError(400, f"{where}: expected {name}, got {type(v).__name__}")
     if tp is dict:
         if isinstance(v, dict):
             return v
