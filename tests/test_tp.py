@@ -127,3 +127,52 @@ def test_tiny_over_two_ranks_survives_a_rank_killed_mid_run(tmp_path):
     r = verify_log(g.log, "--with-model")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "the log ran with tp 2" in r.stderr
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # two 'machines' (process groups) on loopback: 1-2 minutes on 2 cores
+def test_ranks_on_another_machine_serve_and_survive_its_rank_killed(tmp_path):
+    """--tp 2 over --nnodes 2: node 1 runs rank 1 only and meets rank 0 at --dist-init.
+    Killing it mid-run restarts the group on node 0 and the rank on node 1; every request
+    completes with the tokens of an undisturbed run."""
+    spread = ["--tp", "2", "--nnodes", "2", "--dist-init", f"tcp://127.0.0.1:{free_port()}"]
+    (tmp_path / "n1").mkdir()
+    node1 = start_group(tmp_path / "n1", [*spread, "--node-rank", "1"], log=False)
+    g = None
+    try:
+        g = start_group(tmp_path, [*spread, "--num-blocks", "128"])
+        assert_same_greedy(g.address, "tiny", resolve_model("tiny"))
+        with Client(g.address, timeout=120) as c:
+            want = [c.generate(**r).token_ids for r in REQS]
+        rank1 = node1.pid_of("--rank 1")
+        started = threading.Event()
+        threads, results = run_concurrently(g.address, REQS, started)
+        assert started.wait(60)
+        os.kill(rank1, signal.SIGKILL)
+        for t in threads:
+            t.join(240)
+        assert [toks for _, toks in results] == want, results
+        assert node1.pid_of("--rank 1") != rank1 and node1.alive()
+    finally:
+        if g is not None:
+            assert g.stop() == 0, g.tail()
+        node1.stop()
+    assert "a collective failed" in g.stderr.read_text()
+    assert "starting this node's ranks again" in node1.stderr.read_text()
+    assert verify_log(g.log).returncode == 0
+
+
+def test_spread_ranks_need_a_rendezvous_and_a_divisible_tp():
+    for args in (["--tp", "2", "--nnodes", "2"],
+                 ["--tp", "3", "--nnodes", "2", "--dist-init", "tcp://127.0.0.1:1"],
+                 ["--tp", "2", "--nnodes", "2", "--dist-init", "tcp://10.1.2.3:5"]):
+        p = subprocess.run([sys.executable, "-m", "scripts.group.supervisor", "--no-log",
+                            *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, (args, p.stderr)
+        assert "--nnodes" in p.stderr or "--allow-remote" in p.stderr, p.stderr
