@@ -39,10 +39,10 @@ def greedy_over(address: str, ps, n: int = 12) -> list[list[int]]:
         return [c.generate(prompt=p, max_tokens=n, ignore_eos=True).token_ids for p in ps]
 
 
-def assert_same_greedy(address: str, model: str, path) -> None:
+def assert_same_greedy(address: str, model: str, path, attn: str = "sdpa") -> None:
     """The group's greedy tokens == one process's (tp 1) == transformers' generate."""
     one = make_runner(model, num_blocks=64)
-    stock = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    stock = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn)
     ps = prompts(one.info.vocab_size, (1, 17, 40, 100))
     got = greedy_over(address, ps)
     for p, toks in zip(ps, got):
@@ -60,9 +60,10 @@ def test_refusals_name_why():
     from transformers import GPT2Config
     with pytest.raises(ValueError, match="'gpt2' has no tensor-parallel plan"):
         check_split(GPT2Config(), 2)
-    from transformers import MistralConfig
-    with pytest.raises(ValueError, match="'mistral' is not checked under tensor parallel"):
-        check_split(MistralConfig(), 2)
+    from transformers import Phi3Config
+    # transformers' plan leaves phi3's fused QKV whole (each rank would hold every head)
+    with pytest.raises(ValueError, match="'phi3' is not checked under tensor parallel"):
+        check_split(Phi3Config(), 2)
     with pytest.raises(ValueError, match="at least 1"):
         check_split(tiny, 0)
 
@@ -176,3 +177,24 @@ def test_spread_ranks_need_a_rendezvous_and_a_divisible_tp():
                             *args], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, (args, p.stderr)
         assert "--nnodes" in p.stderr or "--allow-remote" in p.stderr, p.stderr
+
+
+# The families of worker/tp.py's CHECKED beyond llama and qwen2, each on its test checkpoint
+# (tests/test_arch_families.py) with 2 KV heads, so that 2 ranks hold one each.
+@pytest.mark.slow  # ~30 s each on two shared cores
+@pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma", "gemma2", "granite",
+                                    "starcoder2", "mixtral"])
+def test_family_over_two_ranks_matches_one_process(family, tmp_path, tmp_path_factory):
+    from tests.test_arch_families import FAMILIES, family_dir
+    config, options = FAMILIES[family]
+    FAMILIES[family] = ({**config, "num_key_value_heads": 2}, options)
+    try:
+        path = family_dir(tmp_path_factory, family)
+    finally:
+        FAMILIES[family] = (config, options)
+    g = start_group(tmp_path, [*TP2, "--model", str(path)], log=False)
+    try:
+        assert_same_greedy(g.address, str(path), path,
+                           "eager" if family == "gemma2" else "sdpa")
+    finally:
+        assert g.stop() == 0, g.tail()

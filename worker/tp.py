@@ -36,7 +36,8 @@ REJOIN = 75   # exit status: start me again (not a fault; serve does not count i
 MAX_FRAME = 1 << 30
 # Families whose greedy tokens over 2 ranks tests/test_tp.py matches with one process's; as
 # in worker/archs.py, the others are refused rather than served unchecked.
-CHECKED = frozenset({"llama", "qwen2"})
+CHECKED = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "granite",
+                     "starcoder2", "mixtral"})
 
 
 def _log(rank: int, msg: str) -> None:
