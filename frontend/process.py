@@ -394,7 +394,8 @@ class Frontend:
         if wait is None or r.index not in wait.pending:
             return
         wait.pending.discard(r.index)
-        wait.got[r.index] = replica_stats(msg.stats, r.index, r.pids, r.info.max_model_len)
+        wait.got[r.index] = replica_stats(msg.stats, r.index, r.pids, r.info.max_model_len,
+                                     r.joined)
         if not wait.pending:
             self._answer_stats(msg.qid)
 
