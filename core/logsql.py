@@ -31,11 +31,12 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _write_request(conn, p) -> None:
-    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling, user = p
+    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling, user, at = p
     conn.execute("INSERT INTO requests (id, client_request_id, arrival_step, prompt_tokens,"
-                 " max_tokens, priority, sampling, user) VALUES (?,?,?,?,?,?,?,?)",
+                 " max_tokens, priority, sampling, user, arrival_time)"
+                 " VALUES (?,?,?,?,?,?,?,?,?)",
                  (seq_id, request_id, arrival, json.dumps(prompt), max_tokens, priority,
-                  json.dumps(sampling), user))
+                  json.dumps(sampling), user, at))
 
 
 def _write_finish(conn, p) -> None:

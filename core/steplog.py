@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict
 
 import sqlite_utils
@@ -34,7 +35,7 @@ SCHEMA = {
     "requests": ({"id": int, "client_request_id": str, "arrival_step": int,
                   "prompt_tokens": str, "max_tokens": int, "priority": int, "sampling": str,
                   "finish_step": int, "finish_reason": str, "output_tokens": str,
-                  "user": str}, "id"),
+                  "user": str, "arrival_time": float}, "id"),
     **{r.table: (columns(r), r.key) for r in (InputRecord, StepRecord)},
 }
 # Logs made before gaps existed lack this table; readers take its absence for no gaps.
@@ -105,8 +106,9 @@ class StepLog:
 
     def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos, user=None):
         doc = {**asdict(sampling), "ignore_eos": ignore_eos}
+        # arrival_time: wall clock at admission to the queue (what-if replay's arrivals)
         self._pending.append(("req", (seq_id, request_id, arrival, list(req.prompt),
-                                      req.max_tokens, req.priority, doc, user)))
+                                      req.max_tokens, req.priority, doc, user, time.time())))
 
     def input(self, step, kind, seq_id):
         # Inputs arrive in step order, so one counter for the current step suffices.

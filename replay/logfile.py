@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from core.logrecords import Gap, InputRecord, StepRecord, select_sql
 from core.steplog import FORMAT, GAPS, SCHEMA
 
-OPTIONAL_COLUMNS = {("requests", "user")}   # logs made before the column existed lack it
+# logs made before these columns existed lack them
+OPTIONAL_COLUMNS = {("requests", "user"), ("requests", "arrival_time")}
 from replay.damage import DamagedLog
 from replay.rows import check_meta, gap_message, input_row, request_row, step_row
 

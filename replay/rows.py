@@ -74,7 +74,8 @@ def request_row(r: dict) -> dict:
                                       FINISH_REASONS),
             "output_tokens": None if out is None else int_list(
                 parsed(out, f"{w} output_tokens"), f"{w} output_tokens", 0),
-            "user": optional(text, r.get("user"), f"{w} user")}
+            "user": optional(text, r.get("user"), f"{w} user"),
+            "arrival_time": optional(number, r.get("arrival_time"), f"{w} arrival_time")}
 
 
 def _sampling(doc, where: str) -> dict:
