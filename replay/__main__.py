@@ -109,6 +109,8 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("file")
     pl.add_argument("-o", "--output", required=True)
     pl.set_defaults(fn=cmd_plot)
+    from replay.whatif import add_parsers   # whatif and trace (replay/whatif.py)
+    add_parsers(sub)
     return p
 
 

@@ -1,0 +1,160 @@
+"""The step-time model: how long a step takes for the work it holds, fitted by least squares
+over a log's own steps (docs/DESIGN.md, "What-if replay").
+
+A step's time from `ready` to `end` has two parts, each linear in its features with
+non-negative coefficients (more work never takes less time):
+  gap      ready -> plan: publishing the previous step's tokens, reading inputs, the loop;
+  forward  plan -> commit: scheduling, the batch, the model, sampling.
+`RecordedTimes` is the other timer a simulation takes: each recorded step's own times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replay.timeline import Step
+from replay.trace import TraceError
+
+FORWARD = ("const", "prefill_tokens", "prefill_attn_k", "prefill_seqs", "decode_rows",
+           "decode_ctx_k")
+GAP = ("const", "prev_tokens")
+MIN_STEPS = 30       # usable steps below which a fit is refused
+HOLD_OUT = 5         # every 5th usable step is held out for the error estimate
+
+
+def forward_features(prefill, decode_ctx) -> list[float]:
+    """prefill_attn_k: (query, key) pairs of the prefill chunks over 1000 (a chunk of length
+    l from position s attends l*s + l(l+1)/2 keys); decode_ctx_k: keys the decodes attend."""
+    attn = sum(l * s + l * (l + 1) / 2 for _, s, l, _ in prefill)
+    return [1.0, float(sum(c[2] for c in prefill)), attn / 1e3, float(len(prefill)),
+            float(len(decode_ctx)), sum(decode_ctx) / 1e3]
+
+
+def gap_features(prev_sampled: int) -> list[float]:
+    return [1.0, float(prev_sampled)]
+
+
+def dot(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+@dataclass(frozen=True)
+class StepModel:
+    forward: tuple[float, ...]
+    gap: tuple[float, ...]
+    r2: float          # of ready -> end, over every usable step
+    mape: float        # of ready -> end on held-out steps (fitted without them), as a fraction
+    steps: int
+
+    def gap_s(self, k: int, prev_sampled: int) -> float:
+        return dot(self.gap, gap_features(prev_sampled))
+
+    def forward_s(self, k: int, features: list[float]) -> float:
+        return dot(self.forward, features)
+
+    def describe(self) -> str:
+        lines = [f"step-time model from {self.steps} steps: R^2 {self.r2:.4f}, "
+                 f"MAPE on held-out steps {self.mape * 100:.2f}%",
+                 "  forward (plan -> commit), seconds per unit:"]
+        lines += [f"    {n:<16} {c:.3e}" for n, c in zip(FORWARD, self.forward)]
+        lines.append("  gap (ready -> plan), seconds per unit:")
+        lines += [f"    {n:<16} {c:.3e}" for n, c in zip(GAP, self.gap)]
+        return "\n".join(lines)
+
+
+class RecordedTimes:
+    """Step k takes exactly what recorded step k took (the simulation of the recorded
+    configuration must then reproduce the recorded schedule, step for step)."""
+
+    def __init__(self, steps: list[Step]):
+        self.steps = steps
+
+    def _step(self, k: int) -> Step:
+        if k >= len(self.steps):
+            raise TraceError(f"the simulation ran past the log's {len(self.steps)} steps")
+        return self.steps[k]
+
+    def gap_s(self, k: int, prev_sampled: int) -> float:
+        s = self._step(k)
+        return s.start - s.ready
+
+    def forward_s(self, k: int, features: list[float]) -> float:
+        s = self._step(k)
+        return s.end - s.start
+
+
+def fit(steps: list[Step], where: str = "the log") -> StepModel:
+    usable = [s for s in steps if s.usable and (s.prefill or s.decode)]
+    if len(usable) < MIN_STEPS:
+        raise TraceError(f"{where} has {len(usable)} usable steps; fitting a step-time model"
+                         f" needs at least {MIN_STEPS}")
+    train = [s for i, s in enumerate(usable) if i % HOLD_OUT != HOLD_OUT - 1]
+    test = [s for i, s in enumerate(usable) if i % HOLD_OUT == HOLD_OUT - 1]
+    held = _fit_parts(train)
+    errs = [abs(_total(held, s) - (s.end - s.ready)) / (s.end - s.ready)
+            for s in test if s.end > s.ready]
+    fwd, gap = _fit_parts(usable)
+    y = [s.end - s.ready for s in usable]
+    mean = sum(y) / len(y)
+    ss_tot = sum((v - mean) ** 2 for v in y)
+    ss_res = sum((_total((fwd, gap), s) - v) ** 2 for s, v in zip(usable, y))
+    return StepModel(tuple(fwd), tuple(gap), 1 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+                     sum(errs) / len(errs) if errs else 0.0, len(usable))
+
+
+def _fit_parts(steps: list[Step]) -> tuple[list[float], list[float]]:
+    fwd = nnls([forward_features(s.prefill, s.decode_ctx) for s in steps],
+               [s.end - s.start for s in steps])
+    gap = nnls([gap_features(s.prev_sampled) for s in steps], [s.start - s.ready for s in steps])
+    return fwd, gap
+
+
+def _total(parts, s: Step) -> float:
+    fwd, gap = parts
+    return dot(fwd, forward_features(s.prefill, s.decode_ctx)) + dot(gap, gap_features(s.prev_sampled))
+
+
+def nnls(X: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares with every coefficient >= 0: solve, drop the most negative feature,
+    solve again (enough for a handful of features)."""
+    p = len(X[0])
+    active = list(range(p))
+    while active:
+        beta = lstsq([[row[j] for j in active] for row in X], y)
+        worst = min(range(len(active)), key=beta.__getitem__)
+        if beta[worst] >= 0:
+            out = [0.0] * p
+            for j, b in zip(active, beta):
+                out[j] = b
+            return out
+        del active[worst]
+    return [0.0] * p
+
+
+def lstsq(X: list[list[float]], y: list[float]) -> list[float]:
+    """The normal equations on columns scaled to at most 1, solved by Gaussian elimination;
+    a column that is all zeros (or a copy of others) gets a coefficient of about 0."""
+    p = len(X[0])
+    scale = [max((abs(row[j]) for row in X), default=0.0) or 1.0 for j in range(p)]
+    Xs = [[row[j] / scale[j] for j in range(p)] for row in X]
+    A = [[dot((r[i] for r in Xs), (r[j] for r in Xs)) for j in range(p)] for i in range(p)]
+    b = [dot((r[i] for r in Xs), y) for i in range(p)]
+    ridge = 1e-10 * max(len(X), 1)
+    for i in range(p):
+        A[i][i] += ridge
+    return [c / s for c, s in zip(_solve(A, b), scale)]
+
+
+def _solve(A: list[list[float]], b: list[float]) -> list[float]:
+    n = len(b)
+    M = [row[:] + [v] for row, v in zip(A, b)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(M[r][col]))
+        M[col], M[piv] = M[piv], M[col]
+        for r in range(col + 1, n):
+            f = M[r][col] / M[col][col]
+            for c in range(col, n + 1):
+                M[r][c] -= f * M[col][c]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (M[i][n] - sum(M[i][j] * x[j] for j in range(i + 1, n))) / M[i][i]
+    return x

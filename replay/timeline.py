@@ -1,0 +1,84 @@
+"""A run as a timeline of steps in seconds: what each step did and when it started and ended
+(docs/DESIGN.md, "What-if replay"). A recorded log and a simulated run both become a list of
+`Step`s, so that one set of functions (replay/stepmodel.py, replay/runmetrics.py) reads both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from replay.logfile import LogFile
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step. `ready`: when the loop could begin it (the previous step's end, or, after an
+    idle wait, the arrival that woke it); `start`..`end`: plan to commit. Ids are requests'."""
+    ready: float
+    start: float
+    end: float
+    prefill: tuple          # ((id, start, length, last), ...)
+    decode: tuple           # ids
+    decode_ctx: tuple       # each decode row's context length (tokens it attends)
+    preempted: tuple
+    sampled: tuple          # the ids that got a token, in row order
+    prev_sampled: int       # tokens the step before it published (0 after an idle wait)
+    usable: bool = True     # False: abandoned, or right after a worker restart (no timing)
+
+
+@dataclass
+class Recorded:
+    """A log as a timeline: times in seconds from `origin` (the log's first moment)."""
+    origin: float
+    steps: list[Step]
+    arrivals: dict[int, float]                 # request id -> arrival (s)
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # id -> tokens it generated
+
+
+def recorded(log: LogFile) -> Recorded:
+    rows = list(log.steps())
+    starts = [r.wall_time - r.duration_ms / 1e3 for r in rows]
+    logged = [r["arrival_time"] for r in log.requests.values() if r.get("arrival_time") is not None]
+    origin = min([*logged, *starts[:1]], default=0.0)
+    busy = [r.running + r.waiting > 0 for r in rows]   # work left after step k
+    arrivals = {}
+    for seq_id, r in log.requests.items():
+        at = _arrival(r, rows, starts, busy)
+        if at is not None:
+            arrivals[seq_id] = at - origin
+    added: dict[int, list[int]] = {}
+    for step, inputs in log.inputs.items():
+        added[step] = [i for kind, i in inputs if kind == "add" and i in arrivals]
+    n = {seq_id: len(r["prompt_tokens"]) for seq_id, r in log.requests.items()}
+    tokens: dict[int, list[int]] = {seq_id: [] for seq_id in log.requests}
+    steps, prev = [], 0
+    for k, row in enumerate(rows):
+        idle = k == 0 or not busy[k - 1]
+        woke = [arrivals[i] + origin for i in added.get(k, ())]
+        ready = (min(woke, default=starts[k]) if idle else rows[k - 1].wall_time) - origin
+        prev = 0 if idle else prev
+        sched = row.schedule
+        sampled = tuple(o[0] for o in row.outputs)
+        abandoned = not row.outputs and (sched["decode"] or any(c[3] for c in sched["prefill"]))
+        restarted = any(kind == "restart" for kind, _ in log.inputs.get(k, ()))
+        steps.append(Step(ready, starts[k] - origin, row.wall_time - origin,
+                          tuple(tuple(c) for c in sched["prefill"]), tuple(sched["decode"]),
+                          tuple(n[i] for i in sched["decode"]), tuple(sched["preempted"]),
+                          sampled, prev, not (abandoned or restarted)))
+        for seq_id, token, _ in row.outputs:
+            n[seq_id] += 1
+            tokens[seq_id].append(token)
+        prev = len(sampled)
+    return Recorded(origin, steps, arrivals, tokens)
+
+
+def _arrival(r: dict, rows: list, starts: list[float], busy: list[bool]) -> float | None:
+    """The logged arrival; a log made before arrival_time existed gets the middle of the
+    gap before its arrival step (the start of that step when the engine was idle)."""
+    if r.get("arrival_time") is not None:
+        return r["arrival_time"]
+    k = r["arrival_step"]
+    if k >= len(rows):
+        return None
+    if k == 0 or not busy[k - 1]:
+        return starts[k]
+    return (rows[k - 1].wall_time + starts[k]) / 2

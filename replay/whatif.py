@@ -1,0 +1,121 @@
+"""scripts/replay whatif / trace: a recorded run re-scheduled under another configuration,
+and a log's traffic as a CSV trace (docs/DESIGN.md, "What-if replay").
+
+Exit codes as for every replay command: 0 done, 2 a log or trace that cannot be used (one
+line on stderr saying why: damaged, too few steps to fit, a bad CSV or configuration).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from replay.logfile import LogFile
+from replay.runmetrics import metrics
+from replay.simulate import KNOBS, Knobs, scheduler_for, simulate
+from replay.stepmodel import fit
+from replay.timeline import recorded
+from replay.trace import TraceError, from_log, read_csv, scaled, write_csv
+
+ROWS = ("throughput_tok_s", "makespan_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
+        "tpot_ms_p99", "queue_ms_p50", "queue_ms_p99", "preemptions")
+
+
+def add_parsers(sub) -> None:
+    w = sub.add_parser("whatif", help="predict the log's traffic under another configuration")
+    w.add_argument("file", nargs="?", help="the step log (or --trace with --step-model)")
+    w.add_argument("--policy", choices=["fcfs", "priority"])
+    for name in ("aging-steps", "max-seqs", "max-batch-tokens", "num-blocks", "max-chunk",
+                 "preempt-margin"):
+        w.add_argument(f"--{name}", type=int)
+    w.add_argument("--prefill", choices=["whole", "chunked"])
+    w.add_argument("--load", type=float, default=1.0, help="arrival rate factor (2.0: twice)")
+    w.add_argument("--json", help="write recorded, predicted and fit here")
+    w.add_argument("--plot", help="draw the predicted timeline beside the recorded one")
+    w.add_argument("--fit", action="store_true", help="print the step-time model only")
+    w.add_argument("--trace", help="a CSV trace (scripts/replay trace) to simulate instead")
+    w.add_argument("--step-model", help="with --trace: the log to fit the step-time model on")
+    w.set_defaults(fn=cmd_whatif)
+    t = sub.add_parser("trace", help="the log's traffic as arrival_s,prompt_tokens,"
+                                     "output_tokens,priority")
+    t.add_argument("file")
+    t.add_argument("-o", "--output", required=True)
+    t.set_defaults(fn=cmd_trace)
+
+
+def cmd_trace(a) -> int:
+    try:
+        log = LogFile(a.file)
+        reqs = from_log(log, recorded(log))
+        write_csv(reqs, a.output)
+    except (TraceError, OSError) as e:
+        return _refuse(e)
+    print(f"wrote {a.output}: {len(reqs)} requests")
+    return 0
+
+
+def cmd_whatif(a) -> int:
+    try:
+        return _whatif(a)
+    except TraceError as e:
+        return _refuse(e)
+
+
+def _refuse(e: Exception) -> int:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+
+
+def _whatif(a) -> int:
+    if bool(a.trace) == bool(a.file) or bool(a.trace) != bool(a.step_model):
+        raise TraceError("give a LOG, or --trace CSV with --step-model LOG")
+    log = LogFile(a.step_model or a.file)
+    rec = recorded(log)
+    model = fit(rec.steps, log.path)
+    if a.fit:
+        print(model.describe())
+        return 0
+    reqs = read_csv(a.trace) if a.trace else from_log(log, rec)
+    prios = {r.id: r.priority for r in reqs}
+    before = None if a.trace else metrics(rec.steps, {r.id: r.arrival_s for r in reqs}, prios)
+    if a.load != 1.0:
+        reqs = scaled(reqs, a.load)
+    knobs = Knobs(**{k: getattr(a, k) for k in KNOBS})
+    sim = simulate(scheduler_for(log.meta, knobs), reqs, model)
+    doc = {"recorded": before, "predicted": metrics(sim.steps, {r.id: r.arrival_s for r in reqs},
+                                                    prios),
+           "fit": {"r2": round(model.r2, 6), "mape": round(model.mape, 6)}}
+    print(report(doc, knobs, a.load, sim.refused, model.describe().splitlines()[0]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    if a.plot:
+        from replay.whatif_plot import plot_whatif
+        plot_whatif(rec.steps if not a.trace else None, sim.steps, a.plot)
+        print(f"wrote {a.plot}")
+    return 0
+
+
+def report(doc: dict, knobs: Knobs, load: float, refused: list, fit_line: str) -> str:
+    changed = {k: v for k, v in asdict(knobs).items() if v is not None}
+    what = ", ".join(f"{k} {v}" for k, v in changed.items()) or "the recorded configuration"
+    lines = [f"what-if: {what}" + (f", load x{load:g}" if load != 1.0 else ""), fit_line]
+    if refused:
+        lines.append(f"refused by the scheduler: {len(refused)} request(s), e.g. request"
+                     f" {refused[0][0]}: {refused[0][1]}")
+    rec, pred = doc["recorded"] or {}, doc["predicted"]
+    lines.append(f"{'':<18}{'recorded':>12}{'predicted':>12}{'change':>9}")
+    for key in ROWS:
+        lines.append(_row(key, rec.get(key), pred[key]))
+    for p, figs in pred["by_priority"].items():
+        r = rec.get("by_priority", {}).get(p, {})
+        lines.append(f"priority {p} (n {figs['n']}):")
+        for key in ("queue_ms_mean", "ttft_ms_p50"):
+            lines.append(_row(f"  {key}", r.get(key), figs[key]))
+    return "\n".join(lines)
+
+
+def _row(name: str, a, b) -> str:
+    show = lambda v: "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+    change = f"{(b - a) / a * 100:+.1f}%" if a and b is not None else ""
+    return f"{name:<18}{show(a):>12}{show(b):>12}{change:>9}"
