@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from replay.logfile import LogFile
 from replay.runmetrics import metrics
-from replay.simulate import KNOBS, Knobs, scheduler_for, simulate
-from replay.stepmodel import fit
-from replay.timeline import recorded
+from replay.simulate import KNOBS, Knobs, Simulated, scheduler_for, simulate
+from replay.stepmodel import StepModel, fit
+from replay.timeline import Recorded, recorded
 from replay.trace import TraceError, from_log, read_csv, scaled, write_csv
 
 ROWS = ("throughput_tok_s", "makespan_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
@@ -66,32 +66,57 @@ def _refuse(e: Exception) -> int:
     return 2
 
 
+@dataclass
+class WhatIf:
+    doc: dict              # the pinned JSON: recorded, predicted, fit
+    model: StepModel
+    recorded: Recorded     # the log the model was fitted on
+    simulated: Simulated
+    arrivals: dict[int, float]   # the simulated arrivals (s), by request id
+
+
+def recorded_figures(log: LogFile, rec: Recorded | None = None) -> dict:
+    """The log's own figures, computed as a prediction's are."""
+    rec = rec or recorded(log)
+    reqs = from_log(log, rec)
+    return metrics(rec.steps, {r.id: r.arrival_s for r in reqs}, {r.id: r.priority for r in reqs})
+
+
+def predict(log: LogFile, knobs: Knobs = Knobs(), load: float = 1.0,
+            trace: str | None = None) -> WhatIf:
+    """The log's traffic (or the CSV trace's) under the log's configuration changed by
+    `knobs`, its arrivals compressed by `load`, timed by a model fitted on the log."""
+    rec = recorded(log)
+    model = fit(rec.steps, log.path)
+    reqs = read_csv(trace) if trace else from_log(log, rec)
+    before = None if trace else recorded_figures(log, rec)
+    if load != 1.0:
+        reqs = scaled(reqs, load)
+    sim = simulate(scheduler_for(log.meta, knobs), reqs, model)
+    arrivals = {r.id: r.arrival_s for r in reqs}
+    after = metrics(sim.steps, arrivals, {r.id: r.priority for r in reqs})
+    doc = {"recorded": before, "predicted": after,
+           "fit": {"r2": round(model.r2, 6), "mape": round(model.mape, 6)}}
+    return WhatIf(doc, model, rec, sim, arrivals)
+
+
 def _whatif(a) -> int:
     if bool(a.trace) == bool(a.file) or bool(a.trace) != bool(a.step_model):
         raise TraceError("give a LOG, or --trace CSV with --step-model LOG")
     log = LogFile(a.step_model or a.file)
-    rec = recorded(log)
-    model = fit(rec.steps, log.path)
     if a.fit:
-        print(model.describe())
+        print(fit(recorded(log).steps, log.path).describe())
         return 0
-    reqs = read_csv(a.trace) if a.trace else from_log(log, rec)
-    prios = {r.id: r.priority for r in reqs}
-    before = None if a.trace else metrics(rec.steps, {r.id: r.arrival_s for r in reqs}, prios)
-    if a.load != 1.0:
-        reqs = scaled(reqs, a.load)
     knobs = Knobs(**{k: getattr(a, k) for k in KNOBS})
-    sim = simulate(scheduler_for(log.meta, knobs), reqs, model)
-    doc = {"recorded": before, "predicted": metrics(sim.steps, {r.id: r.arrival_s for r in reqs},
-                                                    prios),
-           "fit": {"r2": round(model.r2, 6), "mape": round(model.mape, 6)}}
-    print(report(doc, knobs, a.load, sim.refused, model.describe().splitlines()[0]))
+    w = predict(log, knobs, a.load, a.trace)
+    print(report(w.doc, knobs, a.load, w.simulated.refused, w.model.describe().splitlines()[0]))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(doc, f, indent=2)
+            json.dump(w.doc, f, indent=2)
     if a.plot:
         from replay.whatif_plot import plot_whatif
-        plot_whatif(rec.steps if not a.trace else None, sim.steps, a.plot)
+        runs = [] if a.trace else [("recorded", w.recorded.steps, w.recorded.arrivals)]
+        plot_whatif(runs + [("predicted", w.simulated.steps, w.arrivals)], a.plot)
         print(f"wrote {a.plot}")
     return 0
 

@@ -227,3 +227,10 @@ def test_bad_configuration_and_arguments_are_refused(logs, capsys):
 def test_percentile_interpolates():
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
     assert percentile([], 50) is None
+
+
+def test_plot_draws_both_timelines(logs, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "w.png"
+    assert replay_main(["whatif", logs["preempt"].path, "--max-seqs", "2", "--plot", str(out)]) == 0
+    assert out.stat().st_size > 1000
