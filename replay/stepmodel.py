@@ -19,6 +19,7 @@ FORWARD = ("const", "prefill_tokens", "prefill_attn_k", "prefill_seqs", "decode_
 GAP = ("const", "prev_tokens")
 MIN_STEPS = 30       # usable steps below which a fit is refused
 HOLD_OUT = 5         # every 5th usable step is held out for the error estimate
+OUTLIER = 10         # a step this many median absolute residuals slow is a hiccup
 
 
 def forward_features(prefill, decode_ctx) -> list[float]:
@@ -89,16 +90,33 @@ def fit(steps: list[Step], where: str = "the log") -> StepModel:
                          f" needs at least {MIN_STEPS}")
     train = [s for i, s in enumerate(usable) if i % HOLD_OUT != HOLD_OUT - 1]
     test = [s for i, s in enumerate(usable) if i % HOLD_OUT == HOLD_OUT - 1]
-    held = _fit_parts(train)
+    held = _robust(train)
     errs = [abs(_total(held, s) - (s.end - s.ready)) / (s.end - s.ready)
             for s in test if s.end > s.ready]
-    fwd, gap = _fit_parts(usable)
+    fwd, gap = _robust(usable)
     y = [s.end - s.ready for s in usable]
     mean = sum(y) / len(y)
     ss_tot = sum((v - mean) ** 2 for v in y)
     ss_res = sum((_total((fwd, gap), s) - v) ** 2 for s, v in zip(usable, y))
     return StepModel(tuple(fwd), tuple(gap), 1 - ss_res / ss_tot if ss_tot > 0 else 1.0,
                      sum(errs) / len(errs) if errs else 0.0, len(usable))
+
+
+def _robust(steps: list[Step]) -> tuple[list[float], list[float]]:
+    """The slopes from the steps without hiccups (a step slower than the fit by more than
+    OUTLIER times the median absolute residual: a warm-up, a pause; at most 5% of the steps),
+    then the constant raised so that the model's total time over every step is the
+    recorded total: hiccups are spread over all steps, not into the slopes."""
+    fwd, gap = _fit_parts(steps)
+    res = [(s.end - s.ready) - _total((fwd, gap), s) for s in steps]
+    scale = sorted(map(abs, res))[len(res) // 2]
+    slow = sorted((r, i) for i, r in enumerate(res) if r > OUTLIER * scale)[::-1]
+    drop = {i for _, i in slow[:len(steps) // 20]}
+    if drop:
+        fwd, gap = _fit_parts([s for i, s in enumerate(steps) if i not in drop])
+    excess = sum(s.end - s.ready - _total((fwd, gap), s) for s in steps) / len(steps)
+    fwd[0] = max(0.0, fwd[0] + excess)
+    return fwd, gap
 
 
 def _fit_parts(steps: list[Step]) -> tuple[list[float], list[float]]:

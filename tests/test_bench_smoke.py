@@ -56,3 +56,17 @@ def test_bench_scale_tiny(tmp_path):
     assert set(doc["settings"]) == {"dp1", "dp2", "tp1", "tp2"}
     assert all(m["completed"] == 3 for m in doc["settings"].values())
     assert set(doc["ratios"]) == {"throughput dp2/dp1", "throughput tp2/tp1"}
+
+
+@pytest.mark.slow
+def test_bench_whatif_quick(tmp_path):
+    out = tmp_path / "whatif.json"
+    cmd = [str(ROOT / "scripts" / "bench"), "whatif", "--model", "tiny", "--quick",
+           "--no-progress", "--keep", str(tmp_path / "logs"), "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    for run in ("a", "b"):
+        assert set(doc[run]) == {"measured", "predicted", "errors"}
+        assert doc[run]["measured"]["makespan_s"] > 0 and doc[run]["predicted"]["makespan_s"] > 0
+    assert set(doc["goals"]) == {"a", "b"} and set(doc["fit"]) == {"r2", "mape"}

@@ -234,3 +234,17 @@ def test_plot_draws_both_timelines(logs, tmp_path):
     out = tmp_path / "w.png"
     assert replay_main(["whatif", logs["preempt"].path, "--max-seqs", "2", "--plot", str(out)]) == 0
     assert out.stat().st_size > 1000
+
+
+def test_hiccups_stay_out_of_the_slopes_but_in_the_total():
+    forward, gap = (2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5), (3e-4, 1e-6)
+    steps = synthetic_steps(forward, gap)
+    slow = {3: 2.5, 50: 0.8}     # a warm-up and a pause, in seconds
+    steps = [Step(s.ready, s.start, s.end + slow.get(k, 0.0), s.prefill, s.decode,
+                  s.decode_ctx, s.preempted, s.sampled, s.prev_sampled)
+             for k, s in enumerate(steps)]
+    model = fit(steps)
+    assert model.forward[1:] == pytest.approx(forward[1:], rel=1e-6)
+    total = sum(model.gap_s(0, s.prev_sampled) + model.forward_s(0, forward_features(
+        s.prefill, s.decode_ctx)) for s in steps)
+    assert total == pytest.approx(sum(s.end - s.ready for s in steps), rel=1e-9)
