@@ -77,7 +77,7 @@ class NullLog:
 
     path = None
     def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos,
-                    user=None): pass
+                    user=None, arrival_time=None): pass
     def input(self, step, kind, seq_id): pass
     def step(self, record: StepRecord): pass
     def finish(self, seq_id, step, reason, output_tokens): pass
@@ -137,8 +137,10 @@ class Engine:
     # ---- inputs, applied between steps
 
     def add(self, req: Request, sampling: SamplingParams | None = None, *,
-            ignore_eos: bool = False, request_id: str = "", user: str | None = None) -> int:
-        """Admit to the queue; raises the scheduler's AdmitError unchanged."""
+            ignore_eos: bool = False, request_id: str = "", user: str | None = None,
+            arrival_time: float | None = None) -> int:
+        """Admit to the queue; raises the scheduler's AdmitError unchanged. arrival_time:
+        wall clock when the core received it (read mid-step, it is added after the step)."""
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
         seq_id = self.sched.add(req)
@@ -148,7 +150,8 @@ class Engine:
         stops = frozenset(sampling.stop_token_ids or ()).union(() if ignore_eos else self.eos_ids)
         self.live[seq_id] = _Live(sampling, stops,
                                   RequestClock(time.monotonic(), step, req.priority))
-        self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos, user)
+        self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos, user,
+                             arrival_time)
         self.log.input(step, "add", seq_id)
         return seq_id
 

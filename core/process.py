@@ -65,7 +65,7 @@ class CoreLoop:
         self.cfg = cfg
         self.link = FrontendLink(ctx, cfg.frontend_in, cfg.frontend_out, cfg.join)
         self.fe_in, self.fe_out = self.link.fe_in, self.link.fe_out
-        self._inbox: list = []   # frontend inputs read during a step, applied after it
+        self._inbox: list = []   # (input, wall clock read) during a step, applied after it
         self.wk_in = Channel(ctx, zmq.PULL, cfg.worker_in, bind=True,
                              accept=(WorkerReady, StepResult), max_bytes=1 << 30)
         self.wk_out = Channel(ctx, zmq.PUSH, cfg.worker_out, bind=True, max_bytes=1 << 30)
@@ -157,8 +157,8 @@ class CoreLoop:
         if self.link.joined:
             block_ms = min(block_ms, int(BEAT_S * 1000))
         inbox, self._inbox = self._inbox, []
-        for msg in inbox:
-            self.handle(msg)
+        for msg, received in inbox:
+            self.handle(msg, received)
         if not inbox and not self.fe_in.poll(block_ms):
             return
         for msg in self.read_inputs():
@@ -181,11 +181,11 @@ class CoreLoop:
             if isinstance(msg, StatsQuery):
                 self.handle(msg)
             else:
-                self._inbox.append(msg)
+                self._inbox.append((msg, time.time()))
 
-    def handle(self, msg) -> None:
+    def handle(self, msg, received: float | None = None) -> None:
         if isinstance(msg, AddRequest):
-            self.add(msg)
+            self.add(msg, received)
         elif isinstance(msg, Hello):
             self.hello(msg)
         elif isinstance(msg, AbortRequest):
@@ -223,7 +223,7 @@ class CoreLoop:
         figures = self.engine.stop(seq_id, max(0, msg.num_tokens))
         self.send(StepEvents(fids=I32(), tokens=I32(), finished=[[msg.fid, "stop", figures]]))
 
-    def add(self, msg: AddRequest) -> None:
+    def add(self, msg: AddRequest, received: float | None = None) -> None:
         refusal = self.engine.log.refusal()  # the step log cannot be written
         if refusal is not None:
             self.send(Rejected(fid=msg.fid, code=503, message=refusal))
@@ -231,7 +231,8 @@ class CoreLoop:
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
         try:
             seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
-                                     request_id=msg.request_id, user=msg.user)
+                                     request_id=msg.request_id, user=msg.user,
+                                     arrival_time=received)
         except AdmitError as e:
             code = 429 if isinstance(e, QueueFull) else 400
             self.send(Rejected(fid=msg.fid, code=code, message=str(e) or type(e).__name__))

@@ -53,8 +53,9 @@ def recorded(log: LogFile) -> Recorded:
     steps, prev = [], 0
     for k, row in enumerate(rows):
         idle = k == 0 or not busy[k - 1]
-        woke = [arrivals[i] + origin for i in added.get(k, ())]
-        ready = (min(woke, default=starts[k]) if idle else rows[k - 1].wall_time) - origin
+        woke = min((arrivals[i] + origin for i in added.get(k, ())), default=starts[k])
+        last = rows[k - 1].wall_time if k else woke   # an arrival read mid-step waits for it
+        ready = (max(woke, last) if idle else last) - origin
         prev = 0 if idle else prev
         sched = row.schedule
         sampled = tuple(o[0] for o in row.outputs)

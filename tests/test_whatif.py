@@ -248,3 +248,17 @@ def test_hiccups_stay_out_of_the_slopes_but_in_the_total():
     total = sum(model.gap_s(0, s.prev_sampled) + model.forward_s(0, forward_features(
         s.prefill, s.decode_ctx)) for s in steps)
     assert total == pytest.approx(sum(s.end - s.ready for s in steps), rel=1e-9)
+
+
+@pytest.mark.slow  # starts a group
+def test_a_live_log_is_reproduced_step_for_step(tmp_path):
+    """Arrivals stamped when the core reads them (mid-step too) put each request before the
+    same step in the simulation as in the live run."""
+    from scripts.benchmarks import whatif as bench
+    a, serve_args = bench.parse(["--model", "tiny", "--quick", "--no-progress"])
+    reqs, prios = bench.workload(a, (1, 500))
+    log = tmp_path / "a" / "steps.db"
+    log.parent.mkdir()
+    assert bench.run_live(a, serve_args, "--max-seqs 6", reqs, prios, log, "A") == []
+    rec, sim = run(LogFile(str(log)))
+    assert len(rec.arrivals) == len(reqs) and shape(sim.steps) == shape(rec.steps)
