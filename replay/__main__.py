@@ -1,4 +1,5 @@
-"""python -m replay (scripts/replay): verify, summary, request, diff, plot a step log.
+"""python -m replay (scripts/replay): verify, summary, request, diff, plot a step log; whatif and
+trace (replay/whatif.py).
 
 Exit codes: 0 success, 1 a divergence (verify) or a difference (diff), 2 a file that is
 not a readable, whole step log, 3 the log's model, device or dtype is not available here

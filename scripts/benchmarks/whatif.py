@@ -4,7 +4,7 @@ live with the same requests at the same offsets, and compare (docs/DESIGN.md, "W
 replay").
 
     scripts/bench whatif --model smol --json whatif.json
-    scripts/bench whatif --model smol --b "--max-seqs 8 --policy fcfs" --rate 2
+    scripts/bench whatif --model smol --b "--max-seqs 8 --policy fcfs" --rate 3
     scripts/bench whatif --model tiny --quick                       # a smoke run (< 1 min)
 
 Workload: --requests requests, prompt and output lengths uniform in --prompt-len and
@@ -42,10 +42,10 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="scripts/bench whatif", description=__doc__.split("\n")[0],
                                 epilog="Unknown flags are passed to scripts/serve (A and B).")
     p.add_argument("--model", default="smol")
-    p.add_argument("--requests", type=int, default=160)
+    p.add_argument("--requests", type=int, default=120)
     p.add_argument("--prompt-len", default="16-512")
     p.add_argument("--output-len", default="16-256")
-    p.add_argument("--rate", type=float, default=2.0, help="arrivals per second")
+    p.add_argument("--rate", type=float, default=1.5, help="arrivals per second")
     p.add_argument("--a", default="", help="configuration A's scheduling flags")
     p.add_argument("--b", default="--max-seqs 8 --policy fcfs", help="configuration B's")
     p.add_argument("--quick", action="store_true",
