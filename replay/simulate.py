@@ -47,11 +47,16 @@ def scheduler_for(meta: dict, knobs: Knobs) -> Scheduler:
         if getattr(knobs, name) is not None:
             sc[name] = getattr(knobs, name) or None
     pf = meta["prefill"]
+    pick = lambda mine, logged: logged if mine is None else mine  # noqa: E731
+    num_blocks = pick(knobs.num_blocks, meta["num_blocks"])
     try:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be a positive int, got {num_blocks}")
         cfg = SchedulerConfig(**sc)
-        engine = build_engine(cfg, knobs.prefill or pf["kind"], knobs.max_chunk or pf["max_chunk"],
-                              meta["block_size"], knobs.num_blocks or meta["num_blocks"], (),
-                              meta["seed"], prefix_cache=meta.get("prefix_cache", False))
+        engine = build_engine(cfg, pick(knobs.prefill, pf["kind"]),
+                              pick(knobs.max_chunk, pf["max_chunk"]), meta["block_size"],
+                              num_blocks, (), meta["seed"],
+                              prefix_cache=meta.get("prefix_cache", False))
     except ValueError as e:
         raise TraceError(f"bad configuration: {e}") from None
     return engine.sched

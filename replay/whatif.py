@@ -57,7 +57,7 @@ def cmd_trace(a) -> int:
 def cmd_whatif(a) -> int:
     try:
         return _whatif(a)
-    except TraceError as e:
+    except (TraceError, OSError) as e:
         return _refuse(e)
 
 

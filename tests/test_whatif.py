@@ -220,6 +220,9 @@ def test_bad_configuration_and_arguments_are_refused(logs, capsys):
     path = logs["preempt"].path
     assert replay_main(["whatif", path, "--max-seqs", "-1"]) == 2
     assert "max_seqs" in capsys.readouterr().err
+    for knob in ("--max-chunk", "--num-blocks"):
+        assert replay_main(["whatif", path, knob, "0"]) == 2
+        assert "must be a positive int" in capsys.readouterr().err
     assert replay_main(["whatif"]) == 2
     assert replay_main(["whatif", path, "--load", "0"]) == 2
 
