@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,37 @@ def test_a_live_log_is_reproduced_step_for_step(tmp_path):
     assert bench.run_live(a, serve_args, "--max-seqs 6", reqs, prios, log, "A") == []
     rec, sim = run(LogFile(str(log)))
     assert len(rec.arrivals) == len(reqs) and shape(sim.steps) == shape(rec.steps)
+
+
+def test_fit_recovers_known_coefficients_from_a_log(logs, tmp_path):
+    """A recorded log whose times are rewritten from known coefficients, the features taken
+    from the real scheduler re-running the log (not from replay/timeline.py's bookkeeping)."""
+    from core.config import engine_from_meta
+    from replay.verify import _apply_inputs
+    forward, gap = (1.5e-3, 2e-5, 3e-6, 4e-4, 6e-5, 1e-5), (2e-4, 3e-6)
+    path = tmp_path / "synthetic.db"
+    shutil.copy(logs["preempt"].path, path)
+    log = LogFile(str(path))
+    engine = engine_from_meta(log.meta)
+    times, arrivals, end, prev = [], {}, 1000.0, 0
+    for row in log.steps():
+        for kind, seq_id in log.inputs.get(row.step, ()):
+            arrivals[seq_id] = end          # it arrived as the previous step ended
+        assert _apply_inputs(engine, log, row.step) is None
+        engine.plan(build=False)
+        out = engine.last_schedule
+        ctx = [len(engine.sched.tokens(i)) for i in out.decode]
+        prefill = [(c.id, c.start, c.length, c.last) for c in out.prefill]
+        engine.commit([o[1] for o in row.outputs])
+        start = end + dot(gap, gap_features(prev))
+        end = start + dot(forward, forward_features(prefill, ctx))
+        times.append((row.step, end, (end - start) * 1e3))
+        prev = len(row.outputs) if row.running + row.waiting else 0
+    with sqlite3.connect(path) as conn:
+        conn.executemany("UPDATE steps SET wall_time=?, duration_ms=? WHERE step=?",
+                         [(e, d, k) for k, e, d in times])
+        conn.executemany("UPDATE requests SET arrival_time=? WHERE id=?",
+                         [(t, i) for i, t in arrivals.items()])
+    model = fit(recorded(LogFile(str(path))).steps)
+    assert model.forward == pytest.approx(forward, rel=1e-4)
+    assert model.gap == pytest.approx(gap, rel=1e-4)
