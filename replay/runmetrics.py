@@ -58,27 +58,49 @@ def _r(v: float | None) -> float | None:
 def metrics(steps: list[Step], arrivals: dict[int, float], priorities: dict[int, int]) -> dict:
     """The pinned shape (docs/DESIGN.md, "What-if replay"): throughput, makespan, TTFT /
     TPOT / queue p50 and p99, preemptions, and per priority n, mean queue, TTFT p50."""
-    t = request_times(steps, arrivals)
-    done = {i: r for i, r in t.items() if r.first is not None}
-    ttft = {i: r.first - r.arrival for i, r in done.items()}
-    queue = {i: r.admitted - r.arrival for i, r in done.items()}
-    tpot = [(r.last - r.first) / (r.tokens - 1) for r in done.values() if r.tokens > 1]
+    done = _done(steps, arrivals)
+    by_prio: dict[str, dict] = {}
+    for p, ids in _by_priority(done, priorities).items():
+        by_prio[p] = {"n": len(ids),
+                      "queue_ms_mean": _r(sum(done[i].admitted - done[i].arrival
+                                              for i in ids) / len(ids) * 1e3),
+                      "ttft_ms_p50": _r(percentile(_ms(done[i].first - done[i].arrival
+                                                       for i in ids), 50))}
+    return {**_figures(done, min(arrivals.values(), default=0.0)),
+            "preemptions": sum(len(s.preempted) for s in steps), "by_priority": by_prio}
+
+
+def by_priority(steps: list[Step], arrivals: dict[int, float],
+                priorities: dict[int, int]) -> dict[str, dict]:
+    """Every figure of `metrics` (but preemptions) for each priority's requests alone."""
+    done = _done(steps, arrivals)
     start = min(arrivals.values(), default=0.0)
+    return {p: _figures({i: done[i] for i in ids}, start)
+            for p, ids in _by_priority(done, priorities).items()}
+
+
+def _done(steps: list[Step], arrivals: dict[int, float]) -> dict[int, Times]:
+    return {i: r for i, r in request_times(steps, arrivals).items() if r.first is not None}
+
+
+def _by_priority(done: dict[int, Times], priorities: dict[int, int]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for p in sorted({priorities[i] for i in done}, reverse=True):
+        out[str(p)] = [i for i in done if priorities[i] == p]
+    return out
+
+
+def _figures(done: dict[int, Times], start: float) -> dict:
+    ttft = [r.first - r.arrival for r in done.values()]
+    queue = [r.admitted - r.arrival for r in done.values()]
+    tpot = [(r.last - r.first) / (r.tokens - 1) for r in done.values() if r.tokens > 1]
     makespan = max((r.last for r in done.values()), default=start) - start
     tokens = sum(r.tokens for r in done.values())
-    by_prio: dict[str, dict] = {}
-    for p in sorted({priorities[i] for i in done}, reverse=True):
-        ids = [i for i in done if priorities[i] == p]
-        by_prio[str(p)] = {"n": len(ids),
-                           "queue_ms_mean": _r(sum(queue[i] for i in ids) / len(ids) * 1e3),
-                           "ttft_ms_p50": _r(percentile(_ms(ttft[i] for i in ids), 50))}
     return {"throughput_tok_s": _r(tokens / makespan if makespan > 0 else 0.0),
             "makespan_s": _r(makespan),
-            "ttft_ms_p50": _r(percentile(_ms(ttft.values()), 50)),
-            "ttft_ms_p99": _r(percentile(_ms(ttft.values()), 99)),
+            "ttft_ms_p50": _r(percentile(_ms(ttft), 50)),
+            "ttft_ms_p99": _r(percentile(_ms(ttft), 99)),
             "tpot_ms_p50": _r(percentile(_ms(tpot), 50)),
             "tpot_ms_p99": _r(percentile(_ms(tpot), 99)),
-            "queue_ms_p50": _r(percentile(_ms(queue.values()), 50)),
-            "queue_ms_p99": _r(percentile(_ms(queue.values()), 99)),
-            "preemptions": sum(len(s.preempted) for s in steps),
-            "by_priority": by_prio}
+            "queue_ms_p50": _r(percentile(_ms(queue), 50)),
+            "queue_ms_p99": _r(percentile(_ms(queue), 99))}

@@ -70,7 +70,9 @@ class Simulated:
 
 def simulate(sched: Scheduler, reqs: list[TraceRequest], timer) -> Simulated:
     queue = sorted(reqs, key=lambda r: (r.arrival_s, r.id))
-    limit = 4 * sum(len(r.prompt) + len(r.output) for r in reqs) + 1000  # never reached
+    # a guard: every step computes at least one position; recomputes after preemption
+    # cost more, but not fifty times the whole traffic
+    limit = 50 * sum(len(r.prompt) + len(r.output) for r in reqs) + 1000
     req_of: dict[int, TraceRequest] = {}      # the scheduler's id -> the request
     out = Simulated([])
     clock, i, prev = (queue[0].arrival_s if queue else 0.0), 0, 0
@@ -109,7 +111,9 @@ def _step(sched: Scheduler, req_of: dict, timer, k: int, ready: float, start: fl
         r = req_of[seq_id]
         outs.append(StepOutput(seq_id, r.output[len(sched.tokens(seq_id)) - len(r.prompt)]))
     sched.on_step(outs)
-    name = lambda seq_id: req_of[seq_id].id
-    return Step(ready, start, end, tuple((name(c[0]), *c[1:]) for c in prefill),
-                tuple(map(name, plan.decode)), ctx, tuple(map(name, plan.preempted)),
-                tuple(map(name, ids)), prev)
+
+    def names(seq_ids) -> tuple:   # the scheduler's ids -> the requests' own
+        return tuple(req_of[i].id for i in seq_ids)
+
+    return Step(ready, start, end, tuple((req_of[c[0]].id, *c[1:]) for c in prefill),
+                names(plan.decode), ctx, names(plan.preempted), names(ids), prev)

@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from replay.logfile import LogFile
-from replay.runmetrics import metrics
+from replay.runmetrics import by_priority, metrics
 from replay.simulate import KNOBS, Knobs, Simulated, scheduler_for, simulate
 from replay.stepmodel import StepModel, fit
 from replay.timeline import Recorded, recorded
@@ -19,6 +19,7 @@ from replay.trace import TraceError, from_log, read_csv, scaled, write_csv
 
 ROWS = ("throughput_tok_s", "makespan_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
         "tpot_ms_p99", "queue_ms_p50", "queue_ms_p99", "preemptions")
+PRIORITY_ROWS = ROWS[2:8]   # the latencies
 
 
 def add_parsers(sub) -> None:
@@ -73,13 +74,16 @@ class WhatIf:
     recorded: Recorded     # the log the model was fitted on
     simulated: Simulated
     arrivals: dict[int, float]   # the simulated arrivals (s), by request id
+    detail: dict           # {"recorded", "predicted"}: runmetrics.by_priority of each (or None)
 
 
-def recorded_figures(log: LogFile, rec: Recorded | None = None) -> dict:
-    """The log's own figures, computed as a prediction's are."""
+def recorded_figures(log: LogFile, rec: Recorded | None = None, detail: bool = False):
+    """The log's own figures, computed as a prediction's are (with detail: and each
+    priority's, as a pair)."""
     rec = rec or recorded(log)
     reqs = from_log(log, rec)
-    return metrics(rec.steps, {r.id: r.arrival_s for r in reqs}, {r.id: r.priority for r in reqs})
+    args = (rec.steps, {r.id: r.arrival_s for r in reqs}, {r.id: r.priority for r in reqs})
+    return (metrics(*args), by_priority(*args)) if detail else metrics(*args)
 
 
 def predict(log: LogFile, knobs: Knobs = Knobs(), load: float = 1.0,
@@ -89,15 +93,15 @@ def predict(log: LogFile, knobs: Knobs = Knobs(), load: float = 1.0,
     rec = recorded(log)
     model = fit(rec.steps, log.path)
     reqs = read_csv(trace) if trace else from_log(log, rec)
-    before = None if trace else recorded_figures(log, rec)
+    before, before_p = (None, None) if trace else recorded_figures(log, rec, detail=True)
     if load != 1.0:
         reqs = scaled(reqs, load)
     sim = simulate(scheduler_for(log.meta, knobs), reqs, model)
-    arrivals = {r.id: r.arrival_s for r in reqs}
-    after = metrics(sim.steps, arrivals, {r.id: r.priority for r in reqs})
-    doc = {"recorded": before, "predicted": after,
+    args = (sim.steps, {r.id: r.arrival_s for r in reqs}, {r.id: r.priority for r in reqs})
+    doc = {"recorded": before, "predicted": metrics(*args),
            "fit": {"r2": round(model.r2, 6), "mape": round(model.mape, 6)}}
-    return WhatIf(doc, model, rec, sim, arrivals)
+    return WhatIf(doc, model, rec, sim, args[1],
+                  {"recorded": before_p, "predicted": by_priority(*args)})
 
 
 def _whatif(a) -> int:
@@ -109,7 +113,7 @@ def _whatif(a) -> int:
         return 0
     knobs = Knobs(**{k: getattr(a, k) for k in KNOBS})
     w = predict(log, knobs, a.load, a.trace)
-    print(report(w.doc, knobs, a.load, w.simulated.refused, w.model.describe().splitlines()[0]))
+    print(report(w, knobs, a.load))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(w.doc, f, indent=2)
@@ -121,22 +125,23 @@ def _whatif(a) -> int:
     return 0
 
 
-def report(doc: dict, knobs: Knobs, load: float, refused: list, fit_line: str) -> str:
+def report(w: WhatIf, knobs: Knobs, load: float) -> str:
     changed = {k: v for k, v in asdict(knobs).items() if v is not None}
     what = ", ".join(f"{k} {v}" for k, v in changed.items()) or "the recorded configuration"
-    lines = [f"what-if: {what}" + (f", load x{load:g}" if load != 1.0 else ""), fit_line]
+    lines = [f"what-if: {what}" + (f", load x{load:g}" if load != 1.0 else ""),
+             w.model.describe().splitlines()[0]]
+    refused = w.simulated.refused
     if refused:
         lines.append(f"refused by the scheduler: {len(refused)} request(s), e.g. request"
                      f" {refused[0][0]}: {refused[0][1]}")
-    rec, pred = doc["recorded"] or {}, doc["predicted"]
+    rec, pred = w.doc["recorded"] or {}, w.doc["predicted"]
     lines.append(f"{'':<18}{'recorded':>12}{'predicted':>12}{'change':>9}")
-    for key in ROWS:
-        lines.append(_row(key, rec.get(key), pred[key]))
-    for p, figs in pred["by_priority"].items():
-        r = rec.get("by_priority", {}).get(p, {})
-        lines.append(f"priority {p} (n {figs['n']}):")
-        for key in ("queue_ms_mean", "ttft_ms_p50"):
-            lines.append(_row(f"  {key}", r.get(key), figs[key]))
+    lines += [_row(key, rec.get(key), pred[key]) for key in ROWS]
+    rec_p = w.detail["recorded"] or {}
+    for p, figs in w.detail["predicted"].items():
+        lines.append(f"priority {p} (n {pred['by_priority'][p]['n']}):")
+        lines += [_row(f"  {key}", rec_p.get(p, {}).get(key), figs[key])
+                  for key in PRIORITY_ROWS]
     return "\n".join(lines)
 
 
