@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_first_token_agreement_counts_early_differences_only():
     eng = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6], None, [7, 8, 9]]
     llm = [[1, 2, 3, 9], [1, 9, 3, 4], [5, 6], [1], [7, 8]]
-    ag = peer.first_token_agreement(eng, llm, first=3)
+    ag = peer.first_token_agreement(eng, llm, first=3, eog={4})
     assert ag["compared"] == 4 and ag["differ"] == 2      # request 1 at 1; request 4 shorter
+    assert ag["diverged_at_eog"] == 1                     # request 0 at 3: the engine's 4
     assert ag["examples"][0] == {"request": 1, "position": 1, "engine": 2, "llamacpp": 9}
     assert ag["examples"][1]["request"] == 4 and ag["examples"][1]["position"] is None
     assert ag["whole_equal_frac"] == 1 / 4
@@ -71,7 +72,8 @@ def test_compare_peer_llamacpp_tiny(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["llamacpp"]["gguf_facts"]["vocab"] == 512
+    facts = doc["llamacpp"]["gguf_facts"]
+    assert facts["vocab"] == 512 and facts["eog_ids"] == [256, 258]  # EOS and <|im_end|>
     want = doc["workload"]["max_output_tokens"]
     for c in ("1", "2"):
         row = doc["levels"][c]

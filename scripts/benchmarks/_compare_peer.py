@@ -35,11 +35,15 @@ def slot_ctx(reqs) -> int:
     return -(-longest // CTX_ROUND) * CTX_ROUND
 
 
-def first_token_agreement(engine: list, peer: list, first: int) -> dict:
-    """Requests (that both ran) whose first `first` tokens differ, with a few examples."""
+def first_token_agreement(engine: list, peer: list, first: int, eog=()) -> dict:
+    """Requests (that both ran) whose first `first` tokens differ, with a few examples, and
+    how many of all divergences (anywhere) are at an engine token llama.cpp bans (`eog`)."""
     pairs = [(i, e, p) for i, (e, p) in enumerate(zip(engine, peer))
              if e is not None and p is not None]
     examples, differ = [], 0
+    at_eog = sum(1 for _, e, p in pairs
+                 if (k := next((k for k, (x, y) in enumerate(zip(e, p)) if x != y), None))
+                 is not None and e[k] in eog)
     for i, e, p in pairs:
         at = next((k for k, (x, y) in enumerate(zip(e[:first], p[:first])) if x != y), None)
         if at is None and len(e[:first]) == len(p[:first]):
@@ -50,7 +54,7 @@ def first_token_agreement(engine: list, peer: list, first: int) -> dict:
                              "engine": e[at] if at is not None else None,
                              "llamacpp": p[at] if at is not None else None})
     return {"first_tokens": first, "compared": len(pairs), "differ": differ,
-            "examples": examples, **{f"whole_{k}": v for k, v in
+            "examples": examples, "diverged_at_eog": at_eog, **{f"whole_{k}": v for k, v in
                                      compare.agreement(engine, peer).items() if k != "compared"}}
 
 
@@ -121,7 +125,9 @@ def summary(a, reqs, tokens, res: dict) -> dict:
                                                  if p["output_tok_s"] else None)
             row["engine_over_llamacpp_tpot_p50"] = (e["tpot_ms"]["p50"] / p["tpot_ms"]["p50"]
                                                     if p["tpot_ms"]["p50"] else None)
-            row["agreement"] = first_token_agreement(e["outputs"], p["outputs"], a.agree_first)
+            eog = res["llamacpp"]["gguf_facts"]["eog_ids"]
+            row["agreement"] = first_token_agreement(e["outputs"], p["outputs"], a.agree_first,
+                                                     set(eog))
         doc["levels"][c] = row
     return doc
 
@@ -142,7 +148,8 @@ def report(doc: dict) -> str:
             rows.append(("", "  engine / llama.cpp",
                          f"{row['engine_over_llamacpp_tok_s'] or 0:.2f}x", "", "",
                          f"{row['engine_over_llamacpp_tpot_p50'] or 0:.2f}x", "",
-                         f"first {ag['first_tokens']} differ: {ag['differ']}/{ag['compared']}"))
+                         f"first {ag['first_tokens']} differ {ag['differ']}/{ag['compared']}, "
+                         f"{ag['diverged_at_eog']} diverge at EOG"))
     w, m = doc["workload"], doc["machine"]
     head = (f"  {doc['model']} fp32, workload mixed: {w['requests']} requests, "
             f"{w['max_output_tokens']} output tokens; {m['cores']} cores, llama.cpp threads "

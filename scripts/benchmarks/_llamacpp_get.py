@@ -159,9 +159,16 @@ def ensure_model(model: str, hf_dir: Path) -> Path:
     return out
 
 
+# Texts llama.cpp takes for end-of-generation tokens (the common ones of its list): with
+# ignore_eos it bans them, where the engine only keeps going past EOS.
+EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>",
+             "<|end_of_text|>", "<|eom_id|>", "<eos>")
+
+
 def check_model(gguf_path: Path, hf_dir: Path) -> dict:
     """The GGUF's vocabulary and specials against the checkpoint's config: the same ids
-    must mean the same rows. ValueError on a mismatch; the facts otherwise."""
+    must mean the same rows. ValueError on a mismatch; the facts otherwise, with the ids
+    llama.cpp treats as end of generation (`eog_ids`)."""
     from gguf import GGUFReader
     cfg = json.loads((hf_dir / "config.json").read_text())
     r = GGUFReader(str(gguf_path))
@@ -170,12 +177,15 @@ def check_model(gguf_path: Path, hf_dir: Path) -> dict:
         f = r.fields.get(key)
         return None if f is None else f.parts[f.data[0]].tolist()[0]
 
-    n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    texts = r.fields["tokenizer.ggml.tokens"]
+    n_vocab = len(texts.data)
+    eog = {i for i, d in enumerate(texts.data) if bytes(texts.parts[d]).decode() in EOG_TEXTS}
     embd = next(t for t in r.tensors if t.name == "token_embd.weight")
     facts = {"vocab": n_vocab, "embedding_rows": int(embd.shape[-1]),
              "eos": scalar("tokenizer.ggml.eos_token_id"),
              "add_bos": scalar("tokenizer.ggml.add_bos_token"),
              "tensor_types": sorted({t.tensor_type.name for t in r.tensors})}
+    facts["eog_ids"] = sorted(eog | ({facts["eos"]} if facts["eos"] is not None else set()))
     eos = cfg.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) else eos
     problems = [f"{k} {facts[k]} != {want}" for k, want in

@@ -116,7 +116,9 @@ async def drive(url: str, reqs: list[bl.Req], concurrency: int, *, progress: boo
     """Every request, at most `concurrency` in flight, streamed to the end."""
     import aiohttp
     gate = asyncio.Semaphore(concurrency)
-    conn = aiohttp.TCPConnector(limit=concurrency)
+    # a fresh connection per request: llama-server's httplib may close a kept-alive one
+    # after a streamed response, and a reused closed one fails the next request
+    conn = aiohttp.TCPConnector(limit=concurrency, force_close=True)
     async with aiohttp.ClientSession(connector=conn,
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as s:
         bar = bl.Progress(len(reqs), label, progress)
