@@ -11,6 +11,7 @@ request is sent), and how many requests' first --agree-first greedy tokens diffe
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -158,7 +159,12 @@ def report(doc: dict) -> str:
                                          "TPOT p50", "TPOT p99", "errors"))
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)   # so that `finally` stops llama-server and the group
+
+
 def main(a, reqs, tokens, facts) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     res = {}
     for name, fn in (("llamacpp", lambda: run_llamacpp(a, reqs, facts)),
                      ("engine", lambda: run_engine(a, reqs))):
