@@ -30,6 +30,14 @@ def test_first_token_agreement_counts_early_differences_only():
     assert ag["whole_equal_frac"] == 1 / 4
 
 
+def test_goals_need_their_levels():
+    assert peer.goals({8: {"engine_over_llamacpp_tok_s": 3.0}}) == {}
+    g = peer.goals({1: {"engine_over_llamacpp_tpot_p50": 1.6},
+                    64: {"engine_over_llamacpp_tok_s": 1.5}})
+    assert g["c64_tok_s_ratio_at_least_1.5"]["met"] is True
+    assert g["c1_tpot_ratio_at_most_1.5"] == {"ratio": 1.6, "met": False}
+
+
 def test_slot_ctx_covers_the_longest_request():
     reqs = [bl.Req([1] * 300, 200), bl.Req([1] * 10, 5)]
     assert peer.slot_ctx(reqs) == 512

@@ -130,7 +130,21 @@ def summary(a, reqs, tokens, res: dict) -> dict:
             row["agreement"] = first_token_agreement(e["outputs"], p["outputs"], a.agree_first,
                                                      set(eog))
         doc["levels"][c] = row
+    doc["goals"] = goals(doc["levels"])
     return doc
+
+
+def goals(levels: dict) -> dict:
+    """Issue 19's goals, where the run has their levels: at concurrency 64 at least 1.5x
+    llama.cpp's tok/s; at concurrency 1 a TPOT p50 within 1.5x of its."""
+    out = {}
+    tok = (levels.get(64) or {}).get("engine_over_llamacpp_tok_s")
+    if tok is not None:
+        out["c64_tok_s_ratio_at_least_1.5"] = {"ratio": tok, "met": tok >= 1.5}
+    tpot = (levels.get(1) or {}).get("engine_over_llamacpp_tpot_p50")
+    if tpot is not None:
+        out["c1_tpot_ratio_at_most_1.5"] = {"ratio": tpot, "met": tpot <= 1.5}
+    return out
 
 
 def report(doc: dict) -> str:
@@ -155,8 +169,12 @@ def report(doc: dict) -> str:
     head = (f"  {doc['model']} fp32, workload mixed: {w['requests']} requests, "
             f"{w['max_output_tokens']} output tokens; {m['cores']} cores, llama.cpp threads "
             f"{doc['llamacpp'].get('threads', '-')}")
-    return head + "\n" + bl.table(rows, ("conc", "system", "tok/s", "TTFT p50", "TTFT p99",
-                                         "TPOT p50", "TPOT p99", "errors"))
+    tail = [f"  goal {k}: {v['ratio']:.2f} ({'met' if v['met'] else 'not met'})"
+            for k, v in doc["goals"].items()]
+    tail += [f"  {LABELS[n]}: {doc[n]['error']}" for n in SYSTEMS if "error" in doc[n]]
+    table = bl.table(rows, ("conc", "system", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                            "TPOT p99", "errors"))
+    return "\n".join([head, table, *tail])
 
 
 def _exit_on_sigterm(signum, frame) -> None:
