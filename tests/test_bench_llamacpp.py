@@ -89,3 +89,39 @@ def test_compare_peer_llamacpp_tiny(tmp_path):
             assert row[name]["completed"] == 4 and row[name]["output_tokens"] == want
         # the same weights: tiny's logit gaps are far above f32 noise (worker/presets.py)
         assert row["agreement"]["compared"] == 4 and row["agreement"]["differ"] == 0
+
+
+def _fake_pair(tmp_path: Path, vocab: int = 8):
+    """A checkpoint dir (config + safetensors) and a GGUF holding the same tensors."""
+    gguf = pytest.importorskip("gguf")   # a benchmark dependency: absent, nothing to check
+    import numpy as np
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(0)
+    tensors = {hf: rng.standard_normal((vocab, 4)).astype(np.float32)
+               for hf in get.SAME_BITS.values()}
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps({"vocab_size": vocab, "eos_token_id": 2}))
+    save_file(tensors, str(hf_dir / "model.safetensors"))
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list([f"t{i}" for i in range(vocab - 1)] + ["<|im_end|>"])
+    w.add_eos_token_id(2)
+    for g_name, hf_name in get.SAME_BITS.items():
+        w.add_tensor(g_name, tensors[hf_name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, hf_dir, tensors
+
+
+def test_check_model_passes_the_same_and_refuses_other_weights(tmp_path):
+    path, hf_dir, tensors = _fake_pair(tmp_path)
+    facts = get.check_model(path, hf_dir)
+    assert facts["vocab"] == 8 and facts["eog_ids"] == [2, 7]
+    from safetensors.numpy import save_file
+    tensors["model.layers.0.mlp.down_proj.weight"][3, 1] += 1e-6
+    save_file(tensors, str(hf_dir / "model.safetensors"))
+    with pytest.raises(ValueError, match="blk.0.ffn_down.weight differs"):
+        get.check_model(path, hf_dir)

@@ -166,8 +166,9 @@ EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<e
 
 
 def check_model(gguf_path: Path, hf_dir: Path) -> dict:
-    """The GGUF's vocabulary and specials against the checkpoint's config: the same ids
-    must mean the same rows. ValueError on a mismatch; the facts otherwise, with the ids
+    """The GGUF's vocabulary and specials against the checkpoint's config, and tensors the
+    converter copies as they are against the checkpoint's, bit for bit: the same ids must
+    mean the same rows. ValueError on a mismatch; the facts otherwise, with the ids
     llama.cpp treats as end of generation (`eog_ids`)."""
     from gguf import GGUFReader
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -193,6 +194,31 @@ def check_model(gguf_path: Path, hf_dir: Path) -> dict:
                  ("eos", eos)) if want is not None and facts[k] != want]
     if facts["tensor_types"] != ["F32"]:
         problems.append(f"tensor types {facts['tensor_types']} (want F32 only)")
+    problems += _weights_differ(r, hf_dir)
     if problems:
         raise ValueError(f"{gguf_path} does not match {hf_dir}: {'; '.join(problems)}")
     return facts
+
+
+# Tensors the converter copies as they are (Q and K it permutes), bit for bit.
+SAME_BITS = {"token_embd.weight": "model.embed_tokens.weight",
+             "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight",
+             "blk.0.attn_v.weight": "model.layers.0.self_attn.v_proj.weight"}
+
+
+def _weights_differ(reader, hf_dir: Path) -> list[str]:
+    import numpy as np
+    from safetensors import safe_open
+    files = sorted(hf_dir.glob("*.safetensors"))
+    ours = {t.name: t for t in reader.tensors}
+    out = []
+    for g_name, hf_name in SAME_BITS.items():
+        f = next((f for f in files if hf_name in safe_open(f, "np").keys()), None)
+        if f is None or g_name not in ours:
+            out.append(f"{g_name} / {hf_name} missing")
+            continue
+        want = safe_open(f, "np").get_tensor(hf_name)
+        got = np.asarray(ours[g_name].data)
+        if got.size != want.size or not np.array_equal(got.reshape(want.shape), want):
+            out.append(f"{g_name} differs from {hf_name}")
+    return out
