@@ -194,10 +194,18 @@ class Progress:
         sys.stderr.flush()
 
 
-async def _one(client, req: Req, t0: float, opts: dict, bar: Progress) -> Trace:
+async def _one(client, req: Req, t0: float, opts: dict, bar: Progress,
+               gate: asyncio.Semaphore | None) -> Trace:
     delay = t0 + req.arrival - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
+    if gate is None:
+        return await _sent(client, req, opts, bar)
+    async with gate:   # the request is sent (and its TTFT starts) once it holds a place
+        return await _sent(client, req, opts, bar)
+
+
+async def _sent(client, req: Req, opts: dict, bar: Progress) -> Trace:
     tr = Trace(time.perf_counter())
     try:
         async for d in client.stream(req.prompt, max_tokens=req.max_tokens, **opts):
@@ -222,8 +230,9 @@ class RunResult:
 
 
 async def drive(address: str, reqs: list[Req], *, timeout: float = 600, progress: bool = True,
-                label: str = "requests", **opts) -> RunResult:
-    """Send every request at its arrival offset and stream it to the end (one AsyncClient).
+                label: str = "requests", concurrency: int | None = None, **opts) -> RunResult:
+    """Send every request at its arrival offset and stream it to the end (one AsyncClient);
+    with `concurrency`, at most that many are in flight (the others wait their turn).
 
     `opts` go to AsyncClient.stream (temperature, ignore_eos, priority, ...)."""
     from frontend.client import AsyncClient
@@ -232,7 +241,8 @@ async def drive(address: str, reqs: list[Req], *, timeout: float = 600, progress
         before = await c.stats()
         bar = Progress(len(reqs), label, progress)
         t0 = time.perf_counter()
-        traces = await asyncio.gather(*(_one(c, r, t0, opts, bar) for r in reqs))
+        gate = asyncio.Semaphore(concurrency) if concurrency else None
+        traces = await asyncio.gather(*(_one(c, r, t0, opts, bar, gate) for r in reqs))
         wall = max((t.end for t in traces), default=t0) - t0
         after = await c.stats()
     return RunResult(list(traces), wall, before, after)

@@ -3,6 +3,7 @@
 
     scripts/bench compare --model smol --requests 256 --json compare.json
     scripts/bench compare --quick                     # 32 requests
+    scripts/bench compare --peer llamacpp             # vs llama-server, mixed-64 at 1,8,64
 
 The workload "mixed" (common.MIXED): random.Random(0), prompt length uniform 16-512,
 output length uniform 16-256, random token ids away from EOS, greedy, EOS ignored, every
@@ -45,8 +46,16 @@ CB_MAX_BATCH_TOKENS = 512
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/bench compare", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smol")
-    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--requests", type=int, default=None,
+                   help="default 256; 64 with --peer (mixed-64)")
     p.add_argument("--quick", action="store_true", help="32 requests, 4 sequential")
+    p.add_argument("--peer", choices=("llamacpp",),
+                   help="instead of the transformers phases: llama.cpp's llama-server, side "
+                        "by side at each --concurrency (built and cached on first use)")
+    p.add_argument("--concurrency", default="1,8,64",
+                   help="with --peer: comma-separated requests in flight (default 1,8,64)")
+    p.add_argument("--agree-first", type=int, default=16,
+                   help="with --peer: greedy agreement over each request's first N tokens")
     p.add_argument("--sequential", type=int, default=8,
                    help="requests of the workload's prefix run one at a time (default 8)")
     p.add_argument("--batch", type=int, default=32, help="static batch size")
@@ -58,6 +67,16 @@ def parse(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.quick:
         a.requests, a.sequential = 32, min(a.sequential, 4)
+    if a.requests is None:
+        a.requests = 64 if a.peer else 256
+    try:
+        a.concurrency = sorted({int(c) for c in a.concurrency.split(",") if c.strip()})
+    except ValueError:
+        p.error(f"--concurrency: want comma-separated integers, got {a.concurrency!r}")
+    if not a.concurrency or a.concurrency[0] < 1:
+        p.error("--concurrency: want at least one level, each >= 1")
+    if a.requests < 1 or a.agree_first < 1:
+        p.error("--requests and --agree-first must be >= 1")
     a.skip = {s for s in a.skip.split(",") if s}
     if a.skip - set(PHASES):
         p.error(f"unknown phase(s) in --skip: {', '.join(sorted(a.skip - set(PHASES)))}")
@@ -81,7 +100,8 @@ def _result(outputs: list, wall: float, counted: int | None = None) -> dict:
 
 # ---------------------------------------------------------------- 1. tl-engine
 
-def run_engine(a, reqs) -> dict:
+def start_engine(a, reqs):
+    """The process group (fp32, a KV pool the whole workload fits), warmed up; and its args."""
     from scripts.group.harness import start_group
     extra = a.engine_args.split()
     log = "--no-log" not in extra
@@ -92,6 +112,15 @@ def run_engine(a, reqs) -> dict:
     try:
         warm = [bl.Req(r.prompt[:32], 4) for r in reqs[:2]]
         asyncio.run(bl.drive(g.address, warm, progress=False, ignore_eos=True))
+    except BaseException:
+        g.stop()
+        raise
+    return g, args
+
+
+def run_engine(a, reqs) -> dict:
+    g, args = start_engine(a, reqs)
+    try:
         run = asyncio.run(bl.drive(g.address, reqs, progress=a.progress, label="tl-engine",
                                    timeout=1800, temperature=0.0, ignore_eos=True))
     finally:
@@ -340,6 +369,9 @@ def main(argv=None) -> int:
     facts = bl.model_facts(a.model)
     tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
     reqs = bl.mixed_workload(a.requests, tokens)
+    if a.peer:
+        from scripts.benchmarks import _compare_peer
+        return _compare_peer.main(a, reqs, tokens, facts)
     res = run_all(a, reqs, facts["path"])
     doc = summary(a, reqs, tokens, res)
     print(report(doc))

@@ -1,0 +1,201 @@
+"""`scripts/bench compare --peer llamacpp`: tl-engine and llama.cpp's llama-server side by
+side on the same workload, model weights (GGUF f32) and concurrency levels.
+
+For each level N (--concurrency, default 1,8,64) both systems run the whole workload with
+at most N requests in flight: the engine's process group is started once and driven at
+each level; llama-server is started per level with N slots and stopped after it. Reported
+per level and system: output tok/s, TTFT and TPOT p50/p99 (client side, from the moment a
+request is sent), and how many requests' first --agree-first greedy tokens differ
+(docs/DESIGN.md, "llama.cpp as a peer").
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from scripts.benchmarks import _llamacpp_get as get
+from scripts.benchmarks import _llamacpp_serve as serve
+from scripts.benchmarks import common as bl
+from scripts.benchmarks import compare
+
+SYSTEMS = ("engine", "llamacpp")
+LABELS = {"engine": "tl-engine", "llamacpp": "llama.cpp"}
+CTX_ROUND = 256
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def slot_ctx(reqs) -> int:
+    """Per-slot context: the longest request, rounded up."""
+    longest = max(len(r.prompt) + r.max_tokens for r in reqs)
+    return -(-longest // CTX_ROUND) * CTX_ROUND
+
+
+def first_token_agreement(engine: list, peer: list, first: int, eog=()) -> dict:
+    """Requests (that both ran) whose first `first` tokens differ, with a few examples, and
+    how many of all divergences (anywhere) are at an engine token llama.cpp bans (`eog`)."""
+    pairs = [(i, e, p) for i, (e, p) in enumerate(zip(engine, peer))
+             if e is not None and p is not None]
+    examples, differ = [], 0
+    at_eog = sum(1 for _, e, p in pairs
+                 if (k := next((k for k, (x, y) in enumerate(zip(e, p)) if x != y), None))
+                 is not None and e[k] in eog)
+    for i, e, p in pairs:
+        at = next((k for k, (x, y) in enumerate(zip(e[:first], p[:first])) if x != y), None)
+        if at is None and len(e[:first]) == len(p[:first]):
+            continue
+        differ += 1
+        if len(examples) < 5:
+            examples.append({"request": i, "position": at,
+                             "engine": e[at] if at is not None else None,
+                             "llamacpp": p[at] if at is not None else None})
+    return {"first_tokens": first, "compared": len(pairs), "differ": differ,
+            "examples": examples, "diverged_at_eog": at_eog, **{f"whole_{k}": v for k, v in
+                                     compare.agreement(engine, peer).items() if k != "compared"}}
+
+
+def _figures(run: bl.RunResult) -> dict:
+    m = bl.metrics(run)
+    keep = ("requests", "completed", "errors", "first_errors", "output_tokens", "wall_s",
+            "output_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+    out = {k: m[k] for k in keep}
+    out["outputs"] = [t.tokens if t.error is None else None for t in run.traces]
+    return out
+
+
+def run_engine(a, reqs) -> dict:
+    _say("== tl-engine (process group)")
+    g, args = compare.start_engine(a, reqs)
+    try:
+        levels = {}
+        for c in a.concurrency:
+            run = asyncio.run(bl.drive(g.address, reqs, progress=a.progress, timeout=3600,
+                                       label=f"tl-engine x{c}", concurrency=c,
+                                       temperature=0.0, ignore_eos=True))
+            levels[c] = _figures(run)
+    finally:
+        g.stop()
+    return {"serve_args": args, "levels": levels}
+
+
+def _level(binary: Path, gguf: Path, reqs, c: int, threads: int, logdir: Path, a) -> dict:
+    args = serve.server_args(binary, gguf, serve.free_port(), c, slot_ctx(reqs), threads)
+    srv = serve.Server(args, logdir / f"llama-server-x{c}.log")
+    try:
+        srv.wait_ready()
+        warm = [bl.Req(r.prompt[:32], 4) for r in reqs[:2]]
+        asyncio.run(serve.drive(srv.url, warm, c, progress=False))
+        run = asyncio.run(serve.drive(srv.url, reqs, c, progress=a.progress,
+                                      label=f"llama.cpp x{c}"))
+    finally:
+        srv.stop()
+    return {**_figures(run), "server_args": args[1:], "log": str(srv.log)}
+
+
+def run_llamacpp(a, reqs, facts) -> dict:
+    _say("== llama.cpp (llama-server)")
+    binary = get.ensure_server()
+    gguf = get.ensure_model(a.model, Path(facts["path"]))
+    checked = get.check_model(gguf, Path(facts["path"]))
+    threads = serve.threads()
+    logdir = Path(tempfile.mkdtemp(prefix="tl-bench-llamacpp-"))
+    levels = {c: _level(binary, gguf, reqs, c, threads, logdir, a) for c in a.concurrency}
+    return {"binary": str(binary), "gguf": str(gguf), "gguf_facts": checked,
+            "threads": threads, "levels": levels}
+
+
+def summary(a, reqs, tokens, res: dict) -> dict:
+    doc = {"model": a.model, "dtype": "float32", "concurrency": a.concurrency,
+           "workload": {**bl.MIXED, **bl.describe(reqs), "token_range": list(tokens)},
+           "machine": bl.machine(), "levels": {}}
+    for name in SYSTEMS:
+        r = res.get(name, {})
+        doc[name] = {k: v for k, v in r.items() if k != "levels"}
+    for c in a.concurrency:
+        lv = {n: res.get(n, {}).get("levels", {}).get(c) for n in SYSTEMS}
+        row = {n: ({k: v for k, v in f.items() if k != "outputs"} if f else None)
+               for n, f in lv.items()}
+        if lv["engine"] and lv["llamacpp"]:
+            e, p = lv["engine"], lv["llamacpp"]
+            row["engine_over_llamacpp_tok_s"] = (e["output_tok_s"] / p["output_tok_s"]
+                                                 if p["output_tok_s"] else None)
+            row["engine_over_llamacpp_tpot_p50"] = (e["tpot_ms"]["p50"] / p["tpot_ms"]["p50"]
+                                                    if p["tpot_ms"]["p50"] else None)
+            eog = res["llamacpp"]["gguf_facts"]["eog_ids"]
+            row["agreement"] = first_token_agreement(e["outputs"], p["outputs"], a.agree_first,
+                                                     set(eog))
+        doc["levels"][c] = row
+    doc["goals"] = goals(doc["levels"])
+    return doc
+
+
+def goals(levels: dict) -> dict:
+    """Issue 19's goals, where the run has their levels: at concurrency 64 at least 1.5x
+    llama.cpp's tok/s; at concurrency 1 a TPOT p50 within 1.5x of its."""
+    out = {}
+    tok = (levels.get(64) or {}).get("engine_over_llamacpp_tok_s")
+    if tok is not None:
+        out["c64_tok_s_ratio_at_least_1.5"] = {"ratio": tok, "met": tok >= 1.5}
+    tpot = (levels.get(1) or {}).get("engine_over_llamacpp_tpot_p50")
+    if tpot is not None:
+        out["c1_tpot_ratio_at_most_1.5"] = {"ratio": tpot, "met": tpot <= 1.5}
+    return out
+
+
+def report(doc: dict) -> str:
+    rows = []
+    for c, row in doc["levels"].items():
+        for n in SYSTEMS:
+            f = row.get(n)
+            if f is None:
+                rows.append((c, LABELS[n], "error", "", "", "", "", ""))
+                continue
+            rows.append((c, LABELS[n], f"{f['output_tok_s']:.1f}",
+                         *(bl._ms(f[k][q]) for k in ("ttft_ms", "tpot_ms") for q in ("p50", "p99")),
+                         f["errors"]))
+        ag = row.get("agreement")
+        if ag:
+            rows.append(("", "  engine / llama.cpp",
+                         f"{row['engine_over_llamacpp_tok_s'] or 0:.2f}x", "", "",
+                         f"{row['engine_over_llamacpp_tpot_p50'] or 0:.2f}x", "",
+                         f"first {ag['first_tokens']} differ {ag['differ']}/{ag['compared']}, "
+                         f"{ag['diverged_at_eog']} diverge at EOG"))
+    w, m = doc["workload"], doc["machine"]
+    head = (f"  {doc['model']} fp32, workload mixed: {w['requests']} requests, "
+            f"{w['max_output_tokens']} output tokens; {m['cores']} cores, llama.cpp threads "
+            f"{doc['llamacpp'].get('threads', '-')}")
+    tail = [f"  goal {k}: {v['ratio']:.2f} ({'met' if v['met'] else 'not met'})"
+            for k, v in doc["goals"].items()]
+    tail += [f"  {LABELS[n]}: {doc[n]['error']}" for n in SYSTEMS if "error" in doc[n]]
+    table = bl.table(rows, ("conc", "system", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                            "TPOT p99", "errors"))
+    return "\n".join([head, table, *tail])
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)   # so that `finally` stops llama-server and the group
+
+
+def main(a, reqs, tokens, facts) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    res = {}
+    for name, fn in (("llamacpp", lambda: run_llamacpp(a, reqs, facts)),
+                     ("engine", lambda: run_engine(a, reqs))):
+        try:
+            res[name] = fn()
+        except Exception as e:  # report and go on with the other system
+            import traceback
+            traceback.print_exc()
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+    doc = summary(a, reqs, tokens, res)
+    print(report(doc))
+    if a.json:
+        bl.write_json(a.json, doc)
+    failed = any("error" in r for r in res.values()) or any(
+        (row.get(n) or {}).get("errors", 1) for row in doc["levels"].values() for n in SYSTEMS)
+    return 1 if failed else 0
