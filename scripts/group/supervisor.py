@@ -69,12 +69,17 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=None,
                    help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
     p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a request gives the same bits alone or in any batch (off by default:"
+                        " docs/DESIGN.md, Batch-invariant mode)")
     p.add_argument("--dp", type=int, default=1,
                    help="engine replicas (data parallel), each a core and worker of its own")
     add_sched_args(p)
     a = p.parse_args(argv)
     if a.tp < 1:
         p.error(f"--tp must be at least 1, not {a.tp}")
+    if a.batch_invariant and a.tp != 1:
+        p.error("--batch-invariant runs with --tp 1")
     return a
 
 
@@ -114,6 +119,8 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
                    "--block-size", str(a.block_size)]
     if a.tp != 1:
         worker += ["--tp", str(a.tp)]
+    if a.batch_invariant:
+        worker.append("--batch-invariant")
     for n in ("num_blocks", "kv_memory", "max_model_len"):
         if getattr(a, n) is not None:
             worker += [_flag(n), str(getattr(a, n))]

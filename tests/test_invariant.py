@@ -1,0 +1,164 @@
+"""The batch-invariant mode (docs/DESIGN.md, "Batch-invariant mode"): 16 requests give the
+same tokens and bitwise the same logprobs alone and inside a 64-request mixed batch with
+chunked prefill and preemption; greedy and seeded. Without the mode the differences are
+printed, not asserted. Also `scripts/replay request LOG ID --rerun` on such a log."""
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from core.config import CoreConfig, log_meta
+from core.engine import Engine
+from core.ipc.protocol import SamplingParams
+from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig, TokenEvent
+from core.steplog import StepLog
+from replay.__main__ import main as replay_main
+from worker.invariant import _plan, row_linear
+from worker.load import make_runner
+
+from tests.checkpoints import make_checkpoint
+
+GREEDY = SamplingParams(logprobs=0)
+SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=77, logprobs=0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_runner("tiny", num_blocks=96, batch_invariant=True)
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tmp_path_factory):
+    """Near-tied logits: a small init makes the top two logits of a step ~1e-4 apart."""
+    return make_checkpoint(tmp_path_factory, "tied", 11, {
+        "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512}, init_std=0.02)
+
+
+def workload(vocab: int, seed: int = 0) -> list[tuple[list[int], int, SamplingParams]]:
+    """64 requests; the first 16 are the ones compared, half greedy and half seeded."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(64):
+        sp = GREEDY if i % 2 else replace(SEEDED, seed=77 + i)
+        out.append(([rng.randrange(vocab) for _ in range(rng.randrange(3, 70))],
+                    rng.randrange(4, 14), sp))
+    return out
+
+
+def generate(runner, reqs, *, num_blocks=None, max_chunk=512, max_batch_tokens=512):
+    """[(tokens, logprobs)] per request, and the run's preemptions."""
+    info = runner.info
+    cfg = SchedulerConfig(max_seqs=64, max_batch_tokens=max_batch_tokens,
+                          max_model_len=info.max_model_len)
+    blocks = range(info.num_blocks if num_blocks is None else num_blocks)
+    sched = Scheduler(cfg, FreeListBlocks(info.block_size, blocks), Chunked(max_chunk))
+    eng = Engine(sched, runner, eos_ids=info.eos_ids)
+    ids = [eng.add(Request(list(p), n), sp, ignore_eos=True) for p, n, sp in reqs]
+    got: dict[int, tuple[list, list]] = {i: ([], []) for i in ids}
+    while sched.has_unfinished():
+        for ev in eng.step():
+            if isinstance(ev, TokenEvent):
+                got[ev.id][0].append(ev.token)
+                got[ev.id][1].append(eng.extras.logprobs[ev.id])
+    return [got[i] for i in ids], sched.stats().preemptions
+
+
+def alone_and_mixed(runner, vocab: int):
+    reqs = workload(vocab)
+    alone = [generate(runner, [r])[0][0] for r in reqs[:16]]
+    mixed, preemptions = generate(runner, reqs, num_blocks=24, max_chunk=24,
+                                  max_batch_tokens=128)
+    assert preemptions > 0
+    return alone, mixed[:16]
+
+
+def differing(alone, mixed) -> int:
+    return sum(not torch.equal(torch.tensor(a[1], dtype=torch.float64),
+                               torch.tensor(m[1], dtype=torch.float64))
+               for a, m in zip(alone, mixed))
+
+
+def assert_invariant(runner, vocab: int) -> None:
+    alone, mixed = alone_and_mixed(runner, vocab)
+    for a, m in zip(alone, mixed):
+        assert a[0] == m[0]
+        assert torch.equal(torch.tensor(a[1], dtype=torch.float64),
+                           torch.tensor(m[1], dtype=torch.float64))
+
+
+def report_without(path: str, vocab: int, label: str) -> None:
+    alone, mixed = alone_and_mixed(make_runner(path, num_blocks=96), vocab)
+    tokens = sum(a[0] != m[0] for a, m in zip(alone, mixed))
+    print(f"\n{label} without --batch-invariant: {differing(alone, mixed)}/16 requests differ "
+          f"in some logprob, {tokens}/16 in some token")
+
+
+@pytest.mark.parametrize("tile", [None, 64])
+def test_linear_rows_ignore_the_row_count(tile):
+    """Each row as in a call of its own (of ROW_ALIGN rows, or one tile), at any count."""
+    layer = torch.nn.Linear(40, 96)
+    if tile is None:
+        tile = _plan(layer)   # padding suffices on the CPUs measured; the check decides
+    w, b = layer.weight.detach(), layer.bias.detach()
+    x = torch.randn(300, 40)
+    one = torch.cat([row_linear(x[i:i + 1], w, b, tile) for i in range(300)])
+    for m in (1, 2, 3, 5, 7, 9, 11, 64, 299, 300):
+        assert torch.equal(row_linear(x[:m], w, b, tile), one[:m])
+        assert torch.equal(row_linear(x[300 - m:], w, b, tile), one[300 - m:])
+
+
+def test_tiny_alone_equals_mixed_bitwise(tiny):
+    assert_invariant(tiny, 512)
+
+
+@pytest.mark.slow
+def test_near_tied_alone_equals_mixed_bitwise(tied_dir):
+    assert_invariant(make_runner(str(tied_dir), num_blocks=96, batch_invariant=True), 512)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["tiny", "tied"])
+def test_without_the_mode_report_differences(which, tied_dir):
+    report_without("tiny" if which == "tiny" else str(tied_dir), 512, which)
+
+
+def test_the_mode_refuses_what_it_cannot_do(tmp_path_factory):
+    with pytest.raises(ValueError, match="null model"):
+        make_runner("null", batch_invariant=True)
+    window = make_checkpoint(tmp_path_factory, "win", 4, {
+        "model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "vocab_size": 320, "sliding_window": 64})
+    with pytest.raises(ValueError, match="sliding window"):
+        make_runner(str(window), num_blocks=8, batch_invariant=True)
+    with pytest.raises(ValueError, match="C attention kernel"):
+        make_runner("tiny", num_blocks=8, dtype="bfloat16", batch_invariant=True)
+
+
+def record(runner, path: str, reqs) -> None:
+    """A step log of `reqs` run together, as the core writes it."""
+    cfg = CoreConfig("a", "b", "c", "d", max_seqs=64, max_batch_tokens=128, max_chunk=24,
+                     prefix_cache=False, log=path)
+    log = StepLog(path, log_meta(cfg, runner.info))
+    eng = cfg.make_engine(runner.info, log=log)
+    eng.runner = runner
+    for p, n, sp in reqs:
+        eng.add(Request(list(p), n), sp, ignore_eos=True)
+    eng.run()
+    log.close()
+
+
+def test_replay_request_rerun_matches_an_invariant_log(tiny, tmp_path, capsys):
+    path = str(tmp_path / "inv.db")
+    reqs = [(p, n, SamplingParams(temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed))
+            for p, n, sp in workload(512, seed=3)[:12]]
+    record(tiny, path, reqs)
+    assert replay_main(["request", path, "5", "--rerun"]) == 0
+    out = capsys.readouterr().out
+    assert "match" in out and "batch-invariant" in out
+    assert replay_main(["request", path, "99", "--rerun"]) == 2
