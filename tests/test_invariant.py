@@ -16,6 +16,8 @@ from core.ipc.protocol import SamplingParams
 from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig, TokenEvent
 from core.steplog import StepLog
 from replay.__main__ import main as replay_main
+from replay.logfile import LogFile
+from replay.rerun import Rerun
 from worker.invariant import _plan, row_linear
 from worker.load import make_runner
 
@@ -39,11 +41,12 @@ def tied_dir(tmp_path_factory):
         "vocab_size": 512}, init_std=0.02)
 
 
-def workload(vocab: int, seed: int = 0) -> list[tuple[list[int], int, SamplingParams]]:
-    """64 requests; the first 16 are the ones compared, half greedy and half seeded."""
+def workload(vocab: int, n: int = 64, seed: int = 0) -> list[tuple[list[int], int,
+                                                                    SamplingParams]]:
+    """n requests, half greedy and half seeded; the first ones are those compared."""
     rng = random.Random(seed)
     out = []
-    for i in range(64):
+    for i in range(n):
         sp = GREEDY if i % 2 else replace(SEEDED, seed=77 + i)
         out.append(([rng.randrange(vocab) for _ in range(rng.randrange(3, 70))],
                     rng.randrange(4, 14), sp))
@@ -68,13 +71,15 @@ def generate(runner, reqs, *, num_blocks=None, max_chunk=512, max_batch_tokens=5
     return [got[i] for i in ids], sched.stats().preemptions
 
 
-def alone_and_mixed(runner, vocab: int):
-    reqs = workload(vocab)
-    alone = [generate(runner, [r])[0][0] for r in reqs[:16]]
-    mixed, preemptions = generate(runner, reqs, num_blocks=24, max_chunk=24,
+def alone_and_mixed(runner, vocab: int, n: int = 64, compared: int = 16, num_blocks: int = 24):
+    """The first `compared` of n requests run alone, and all n together in a tight pool
+    (preempting) with chunks of at most 24 tokens."""
+    reqs = workload(vocab, n)
+    alone = [generate(runner, [r])[0][0] for r in reqs[:compared]]
+    mixed, preemptions = generate(runner, reqs, num_blocks=num_blocks, max_chunk=24,
                                   max_batch_tokens=128)
     assert preemptions > 0
-    return alone, mixed[:16]
+    return alone, mixed[:compared]
 
 
 def differing(alone, mixed) -> int:
@@ -83,8 +88,8 @@ def differing(alone, mixed) -> int:
                for a, m in zip(alone, mixed))
 
 
-def assert_invariant(runner, vocab: int) -> None:
-    alone, mixed = alone_and_mixed(runner, vocab)
+def assert_invariant(runner, vocab: int, **size) -> None:
+    alone, mixed = alone_and_mixed(runner, vocab, **size)
     for a, m in zip(alone, mixed):
         assert a[0] == m[0]
         assert torch.equal(torch.tensor(a[1], dtype=torch.float64),
@@ -112,6 +117,12 @@ def test_linear_rows_ignore_the_row_count(tile):
         assert torch.equal(row_linear(x[300 - m:], w, b, tile), one[300 - m:])
 
 
+def test_tiny_alone_equals_mixed_bitwise_small(tiny):
+    """The default suite's share: 4 requests alone and among 16."""
+    assert_invariant(tiny, 512, n=16, compared=4, num_blocks=10)
+
+
+@pytest.mark.slow
 def test_tiny_alone_equals_mixed_bitwise(tiny):
     assert_invariant(tiny, 512)
 
@@ -156,9 +167,17 @@ def record(runner, path: str, reqs) -> None:
 def test_replay_request_rerun_matches_an_invariant_log(tiny, tmp_path, capsys):
     path = str(tmp_path / "inv.db")
     reqs = [(p, n, SamplingParams(temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed))
-            for p, n, sp in workload(512, seed=3)[:12]]
+            for p, n, sp in workload(512, 6, seed=3)]
     record(tiny, path, reqs)
-    assert replay_main(["request", path, "5", "--rerun"]) == 0
+    assert LogFile(path).meta["model_info"]["batch_invariant"] is True
+    assert replay_main(["request", path, "4", "--rerun"]) == 0
     out = capsys.readouterr().out
-    assert "match" in out and "batch-invariant" in out
+    assert "all" in out and "match" in out and "(batch-invariant" in out
     assert replay_main(["request", path, "99", "--rerun"]) == 2
+    assert replay_main(["verify", "--with-model", path]) == 0
+
+
+def test_rerun_names_the_first_differing_token():
+    assert Rerun([1, 2, 3], [1, 2, 3]).first_difference() is None
+    assert Rerun([1, 2, 3], [1, 5, 3]).first_difference() == 1
+    assert Rerun([1, 2, 3], [1, 2]).first_difference() == 2   # the re-run stopped early
