@@ -18,10 +18,15 @@ from core.steplog import StepLog
 from replay.__main__ import main as replay_main
 from replay.logfile import LogFile
 from replay.rerun import Rerun
+from scripts.group.supervisor import commands, parse
+from worker import native
 from worker.invariant import _plan, row_linear
 from worker.load import make_runner
 
 from tests.checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.skipif(native.kernel() is None,
+                                reason="no C compiler: the mode needs the C attention kernel")
 
 GREEDY = SamplingParams(logprobs=0)
 SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=77, logprobs=0)
@@ -157,6 +162,17 @@ def test_the_mode_refuses_what_it_cannot_do(tmp_path_factory):
         make_runner(str(window), num_blocks=8, batch_invariant=True)
     with pytest.raises(ValueError, match="C attention kernel"):
         make_runner("tiny", num_blocks=8, dtype="bfloat16", batch_invariant=True)
+
+
+def test_serve_passes_the_flag_to_every_worker(capsys):
+    a = parse(["--batch-invariant", "--dp", "2"])
+    cmds = commands(a, "/tmp/x", None)
+    assert all("--batch-invariant" in cmds[w] for w in ("worker0", "worker1"))
+    assert "--batch-invariant" not in cmds["core0"]
+    assert "--batch-invariant" not in commands(parse([]), "/tmp/x", None)["worker"]
+    with pytest.raises(SystemExit):
+        parse(["--batch-invariant", "--tp", "2"])
+    assert "--tp 1" in capsys.readouterr().err
 
 
 def record(runner, path: str, reqs) -> None:
