@@ -1,6 +1,6 @@
 """The batch-invariant mode (docs/DESIGN.md, "Batch-invariant mode"): 16 requests give the
 same tokens and bitwise the same logprobs alone and inside a 64-request mixed batch with
-chunked prefill and preemption; greedy and seeded. Without the mode the differences are
+chunked prefill, preemption and prefix-cache hits; greedy and seeded. Without the mode the differences are
 printed, not asserted. Also `scripts/replay request LOG ID --rerun` on such a log."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.ipc.protocol import SamplingParams
-from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig, TokenEvent
+from core.sched import (Chunked, FreeListBlocks, PrefixCacheBlocks, Request, Scheduler,
+                        SchedulerConfig, TokenEvent)
 from core.steplog import StepLog
 from replay.__main__ import main as replay_main
 from replay.logfile import LogFile
@@ -66,13 +67,15 @@ def workload(vocab: int, n: int = 64, seed: int = 0) -> list[tuple[list[int], in
     return out
 
 
-def generate(runner, reqs, *, num_blocks=None, max_chunk=512, max_batch_tokens=512):
-    """[(tokens, logprobs)] per request, and the run's preemptions."""
+def generate(runner, reqs, *, num_blocks=None, max_chunk=512, max_batch_tokens=512,
+             prefix_cache=False):
+    """[(tokens, logprobs)] per request, and the run's (preemptions, prefix hit tokens)."""
     info = runner.info
     cfg = SchedulerConfig(max_seqs=64, max_batch_tokens=max_batch_tokens,
                           max_model_len=info.max_model_len)
     blocks = range(info.num_blocks if num_blocks is None else num_blocks)
-    sched = Scheduler(cfg, FreeListBlocks(info.block_size, blocks), Chunked(max_chunk))
+    pool = (PrefixCacheBlocks if prefix_cache else FreeListBlocks)(info.block_size, blocks)
+    sched = Scheduler(cfg, pool, Chunked(max_chunk))
     eng = Engine(sched, runner, eos_ids=info.eos_ids)
     ids = [eng.add(Request(list(p), n), sp, ignore_eos=True) for p, n, sp in reqs]
     got: dict[int, tuple[list, list]] = {i: ([], []) for i in ids}
@@ -81,18 +84,25 @@ def generate(runner, reqs, *, num_blocks=None, max_chunk=512, max_batch_tokens=5
             if isinstance(ev, TokenEvent):
                 got[ev.id][0].append(ev.token)
                 got[ev.id][1].append(eng.extras.logprobs[ev.id])
-    return [got[i] for i in ids], sched.stats().preemptions
+    return [got[i] for i in ids], (sched.stats().preemptions,
+                                   getattr(pool, "prefix_hit_tokens", 0))
 
 
 def alone_and_mixed(runner, vocab: int, n: int = 64, compared: int = 16, num_blocks: int = 24):
     """The first `compared` of n requests run alone, and all n together in a tight pool
-    (preempting) with chunks of at most 24 tokens."""
+    (preempting) with chunks of at most 24 tokens and the prefix cache: ahead of them in the
+    batch, as many requests that share their first 32 tokens (the cached K/V of a shared
+    prefix must equal the request's own)."""
     reqs = workload(vocab, n)
-    alone = [generate(runner, [r])[0][0] for r in reqs[:compared]]
-    mixed, preemptions = generate(runner, reqs, num_blocks=num_blocks, max_chunk=24,
-                                  max_batch_tokens=128)
-    assert preemptions > 0
-    return alone, mixed[:compared]
+    mine = reqs[:compared]
+    sharers = [(p[:32] + q, 4, GREEDY) for (p, _, _), (q, _, _) in
+               zip(mine, reqs[compared:2 * compared])]
+    alone = [generate(runner, [r])[0][0] for r in mine]
+    mixed, (preemptions, hits) = generate(runner, sharers + mine + reqs[2 * compared:],
+                                          num_blocks=num_blocks, max_chunk=24,
+                                          max_batch_tokens=128, prefix_cache=True)
+    assert preemptions > 0 and hits > 0
+    return alone, mixed[compared:2 * compared]
 
 
 def differing(alone, mixed) -> int:
@@ -132,7 +142,7 @@ def test_linear_rows_ignore_the_row_count(tile):
 
 def test_tiny_alone_equals_mixed_bitwise_small(tiny):
     """The default suite's share: 4 requests alone and among 16."""
-    assert_invariant(tiny, 512, n=16, compared=4, num_blocks=10)
+    assert_invariant(tiny, 512, n=16, compared=4, num_blocks=12)
 
 
 @pytest.mark.slow
