@@ -77,7 +77,7 @@ class JoinedReplica(Replica):
 
 def same_model(a: ModelInfo, b: ModelInfo) -> str | None:
     """Why a replica serving `b` cannot stand in for one serving `a` (None: it can)."""
-    for name in ("model", "vocab_size", "eos_ids", "tokenizer"):
+    for name in ("model", "vocab_size", "eos_ids", "tokenizer", "batch_invariant"):
         if getattr(a, name) != getattr(b, name):
             return f"it serves {name} {getattr(b, name)!r}, this frontend {getattr(a, name)!r}"
     return None

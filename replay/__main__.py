@@ -64,6 +64,9 @@ def cmd_summary(a) -> int:
 
 
 def cmd_request(a) -> int:
+    if a.rerun:
+        from replay.rerun import main as rerun
+        return rerun(LogFile(a.file), a.id, a.device, a.dtype)
     from replay.report import request_life
     print(request_life(LogFile(a.file), a.id))
     return 0
@@ -101,6 +104,10 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("request", help="one request's life")
     r.add_argument("file")
     r.add_argument("id", type=int)
+    r.add_argument("--rerun", action="store_true",
+                   help="re-run it alone with the model and compare its tokens (replay/rerun.py)")
+    r.add_argument("--device", help="with --rerun: run here instead of the log's device")
+    r.add_argument("--dtype", help="with --rerun: run in this dtype instead of the log's")
     r.set_defaults(fn=cmd_request)
     d = sub.add_parser("diff", help="the first step where two logs differ")
     d.add_argument("a")

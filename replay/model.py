@@ -5,6 +5,8 @@ Bit-exact replay needs the same kernels: a log made on CUDA is re-run on CUDA. A
 device or dtype may be asked for explicitly (--device/--dtype); tokens may then differ
 where the top two logits are close, and the verdict says where.
 
+A log made in the batch-invariant mode (model_info.batch_invariant) is re-run in it.
+
 A log made with a tensor-parallel worker (meta's model_info.tp > 1) is re-run in one
 process: its logits differ from the TP run's by the all-reduces' rounding (~1e-4 in
 float32), so tokens are equal wherever the top two logits are further apart than that.
@@ -28,7 +30,8 @@ def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
     try:
         return make_runner(meta["model"], device=device, dtype=dtype,
                            num_blocks=meta["num_blocks"], block_size=meta["block_size"],
-                           max_model_len=info["max_model_len"])
+                           max_model_len=info["max_model_len"],
+                           batch_invariant=info.get("batch_invariant", False))
     except (FileNotFoundError, ValueError) as e:
         raise ModelUnavailable(f"cannot load the log's model {meta['model']!r}: {e}") from None
 

@@ -19,6 +19,8 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (worker/tp.py)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a request's logits do not depend on its batch (worker/invariant.py)")
     p.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
     p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
                    help="torch.distributed's rendezvous (rank 0 hosts it; default: a free"
@@ -27,6 +29,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if why := _bad_ranks(a):
         p.error(why)
+    if a.batch_invariant and a.tp != 1:
+        p.error("--batch-invariant runs with --tp 1")
     die_with_parent()
     sigterm_as_interrupt()
     if a.tp != 1:
@@ -36,7 +40,7 @@ def main(argv=None) -> int:
     from worker.process import serve
     runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
                          kv_memory=a.kv_memory, block_size=a.block_size,
-                         max_model_len=a.max_model_len)
+                         max_model_len=a.max_model_len, batch_invariant=a.batch_invariant)
     ctx = zmq.Context()
     try:
         serve(runner, ctx, a.to_core, a.from_core)

@@ -23,12 +23,16 @@ def resolve_model(name: str) -> Path:
 
 def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                 num_blocks: int | None = None, kv_memory: int | None = None,
-                block_size: int = 16, max_model_len: int | None = None, tp: int = 1):
+                block_size: int = 16, max_model_len: int | None = None, tp: int = 1,
+                batch_invariant: bool = False):
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
     The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
     tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
-    kv_memory is then per rank."""
+    kv_memory is then per rank. `batch_invariant`: docs/DESIGN.md, "Batch-invariant mode"
+    (ValueError where it cannot run)."""
     if model == "null":
+        if batch_invariant:
+            raise ValueError("--batch-invariant needs a model: the null model has no logits")
         from worker.null import NullRunner
         return NullRunner(num_blocks=num_blocks or 256, block_size=block_size,
                           max_model_len=max_model_len or 2048,
@@ -52,7 +56,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     cache = kv.allocate(shape, blocks, block_size, torch_dtype, hf.device)
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
-                     device=str(hf.device), tokenizer=str(path), tp=tp)
+                     device=str(hf.device), tokenizer=str(path), tp=tp,
+                     batch_invariant=batch_invariant)
     runner = ModelRunner(hf, cache, info)
     runner.probe()
     return runner

@@ -91,9 +91,16 @@ def _cpu_flags() -> str:
         return ""
 
 
-def usable(kv: torch.Tensor, rep: int) -> bool:
-    """For a pool [layers, 2, blocks, B, kv_heads, head_dim] and rep query heads per KV head."""
+FAST_DIMS = (64, 128)  # head dims the kernel has unrolled code for
+
+
+def usable(kv: torch.Tensor, rep: int, any_dim: bool = False) -> bool:
+    """For a pool [layers, 2, blocks, B, kv_heads, head_dim] and rep query heads per KV head.
+    The serving default takes the kernel for FAST_DIMS only; `any_dim` (the batch-invariant
+    mode, which needs it) for every head dim it supports."""
     if kv.device.type != "cpu" or kv.dtype != torch.float32 or not kv.is_contiguous():
+        return False
+    if not any_dim and kv.shape[-1] not in FAST_DIMS:
         return False
     lib = kernel()
     return lib is not None and bool(lib.tl_paged_decode_supports(kv.shape[-1], rep))

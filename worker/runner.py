@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
-from worker import archs, native
+from worker import archs, invariant, native
 from worker.attention import KWARG
 from worker.handmade import Part, make_batch
 from worker.sampler import sample_step
@@ -23,6 +23,10 @@ class ModelRunner:
                                           or cfg.num_attention_heads)
         self.windows = archs.windows(cfg)
         self.native = archs.plain_attention(cfg) and native.usable(kv, rep)
+        self.per_row = info.batch_invariant   # docs/DESIGN.md, "Batch-invariant mode"
+        if self.per_row:
+            invariant.check_supported(model, kv, rep, info.tp)
+            invariant.make_invariant(model)
 
     def probe(self) -> None:
         """One forward of one token into block 0, so that a keyword the paged attention does
@@ -34,7 +38,7 @@ class ModelRunner:
         """[num_sample_rows, vocab] logits of the sampled rows, in sample_rows order."""
         if batch.num_tokens == 0:
             return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
-        s = build_step(batch, self.kv, self.native, self.windows)
+        s = build_step(batch, self.kv, self.native, self.windows, self.per_row)
         out = self.model(input_ids=s.input_ids, position_ids=s.positions, use_cache=False,
                          logits_to_keep=s.keep, **{KWARG: s.paged})
         return out.logits[0]

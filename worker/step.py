@@ -30,10 +30,12 @@ def _long(a: array) -> torch.Tensor:
 
 
 def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False,
-               windows: tuple[int, ...] = ()) -> StepInputs:
+               windows: tuple[int, ...] = (), per_row: bool = False) -> StepInputs:
     """`use_native`: decodes go to the C kernel (worker/native.py), which the caller checked.
-    `windows`: the sliding-window sizes the model's layers ask for (worker/archs.py)."""
-    if use_native and windows:
+    `windows`: the sliding-window sizes the model's layers ask for (worker/archs.py).
+    `per_row` (the batch-invariant mode, docs/DESIGN.md "Batch-invariant mode"): every
+    token, prefill tokens included, is a row of the C kernel over its causal context."""
+    if (use_native or per_row) and windows:
         raise ValueError("the C decode kernel has no sliding window")
     device = kv.device
     block_size = kv.shape[3]
@@ -45,6 +47,8 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False,
     tables = _long(batch.block_tables).view(batch.num_seqs, batch.table_width)
     _check_tables(tables, ctx, kv.shape[2], block_size)
     qlen = qs[1:] - qs[:-1]
+    if per_row:
+        return _per_row(batch, kv, slots, tables, ctx, qlen, qs)
     multi = (qlen != 1).nonzero()  # the leading one-token sequences take the decode path
     nd = int(multi[0, 0]) if len(multi) else batch.num_seqs
 
@@ -68,6 +72,21 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False,
     return StepInputs(input_ids=_long(batch.input_ids).view(1, -1).to(device),
                       positions=_long(batch.positions).view(1, -1).to(device),
                       keep=keep.to(device), paged=paged)
+
+
+def _per_row(batch: ForwardBatch, kv: torch.Tensor, slots, tables, ctx, qlen,
+             qs) -> StepInputs:
+    """Token j of the step, at position p of sequence i, attends to positions 0..p through
+    i's block table: one reduction order whichever chunk or batch the token is in."""
+    seq = torch.repeat_interleave(torch.arange(batch.num_seqs), qlen)
+    pos = _long(batch.positions)
+    if len(pos) != len(slots) or (len(pos) and (int(pos.min()) < 0
+                                                or bool((pos >= ctx[seq]).any()))):
+        raise ValueError("positions lie outside their sequences' contexts")
+    paged = PagedStep(kv=kv, slot_mapping=slots, num_decode=len(slots), decode_groups=[],
+                      spans=[], native=NativeDecode(tables[seq].contiguous(), pos + 1))
+    return StepInputs(input_ids=_long(batch.input_ids).view(1, -1), positions=pos.view(1, -1),
+                      keep=qs[1:][_long(batch.sample_rows)] - 1, paged=paged)
 
 
 def _check_tables(tables: torch.Tensor, ctx: torch.Tensor, num_blocks: int,

@@ -50,6 +50,7 @@ class ModelInfo:
     device: str = "cpu"
     tokenizer: str = ""           # a local HF directory holding the tokenizer
     tp: int = 1                   # tensor-parallel ranks the worker runs as
+    batch_invariant: bool = False  # --batch-invariant: a row's logits ignore the batch
 
 
 # ---------------------------------------------------------------- client <-> frontend

@@ -181,9 +181,10 @@ INLINE void attend(const float *q, const float *k, const float *v, const int64_t
     weighted_values(v, table, ctx, ld, row, bs, rep, dv, s, total, out);
 }
 
-/* What the kernel takes: head dim 64 or 128, at most MAX_REP query heads per KV head. */
+/* What the kernel takes: a head dim that is a multiple of 16 up to 16 * MAX_DV (64 and 128
+ * unrolled, the others looped), at most MAX_REP query heads per KV head. */
 int tl_paged_decode_supports(int dim, int rep) {
-    return (dim == 64 || dim == 128) && rep >= 1 && rep <= MAX_REP;
+    return dim % 16 == 0 && dim >= 16 && dim <= 16 * MAX_DV && rep >= 1 && rep <= MAX_REP;
 }
 
 /* Returns 0; -1 if scratch memory could not be allocated, -2 for an unsupported shape. */
@@ -208,9 +209,12 @@ int tl_paged_decode(const float *q, const float *k, const float *v, const int64_
             if (dim == 64)
                 attend(q + head, k + g * dim, v + g * dim, table, ctx[i], kv_heads, rep,
                        block_size, 4, scale, out + head, s);
-            else
+            else if (dim == 128)
                 attend(q + head, k + g * dim, v + g * dim, table, ctx[i], kv_heads, rep,
                        block_size, 8, scale, out + head, s);
+            else
+                attend(q + head, k + g * dim, v + g * dim, table, ctx[i], kv_heads, rep,
+                       block_size, dim / 16, scale, out + head, s);
         }
         free(s);
     }
