@@ -122,3 +122,17 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
 def sampled_ids(out) -> list[int]:
     """The request id of each sample row of build_batch(out), in the worker's token order."""
     return [*out.decode, *(c.id for c in out.prefill if c.last)]
+
+
+def fill_ahead(batch: ForwardBatch, step: int, tokens: Sequence[int] | None) -> bool:
+    """Replace the placeholders of `batch` (see ForwardBatch) with `tokens`, the sampled
+    tokens of `step`. False when they are not those of batch.prev_step: the placeholders
+    become 0 (a stale batch; the core ignores its result)."""
+    if batch.prev_step < 0:
+        return True
+    ok = tokens is not None and step == batch.prev_step
+    for name in ("input_ids", "history"):
+        col = getattr(batch, name)
+        if len(col) and min(col) < 0:
+            setattr(batch, name, I32([t if t >= 0 else (tokens[-1 - t] if ok else 0) for t in col]))
+    return ok

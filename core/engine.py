@@ -114,6 +114,8 @@ class Extras:
 
 
 class Engine:
+    overlap = False   # core/overlap.py's OverlapEngine plans a step while the last one runs
+
     def __init__(self, sched: Scheduler, runner=None, *, eos_ids=(), seed: int = 0, log=None):
         self.sched, self.runner = sched, runner
         self.eos_ids = frozenset(eos_ids)
@@ -129,6 +131,10 @@ class Engine:
         self._stop_ids = _View(self.live, "stop_ids")
         self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
         self.extras: Extras | None = None               # the last committed step's logprobs
+
+    def busy(self) -> bool:
+        """Some request is unfinished (or, overlapped, a step is in flight)."""
+        return self.sched.has_unfinished()
 
     @property
     def step_no(self) -> int:
@@ -238,7 +244,7 @@ class Engine:
         """Step until nothing is unfinished; the generated tokens of each finished request."""
         done: dict[int, list[int]] = {}
         n = 0
-        while self.sched.has_unfinished() and (max_steps is None or n < max_steps):
+        while self.busy() and (max_steps is None or n < max_steps):
             outs = {seq_id: live.output for seq_id, live in self.live.items()}
             for ev in self.step():
                 if isinstance(ev, Finished):
@@ -267,8 +273,10 @@ class Engine:
             if live is not None:
                 live.clock.preemptions += 1
 
-    def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float) -> None:
-        doc = schedule_json(out, self.last_hits)
+    def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float,
+                hits=None) -> None:
+        """`hits`: the step's prefix-cache hits (default: the last plan's)."""
+        doc = schedule_json(out, self.last_hits if hits is None else hits)
         outs = [[o.id, o.token, o.stop] for o in outputs]
         snapshot = self.sched.snapshot()
         summary = getattr(self.sched.blocks, "summary", None)
