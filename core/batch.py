@@ -51,7 +51,7 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         step=step, seq_ids=I32(seq_ids), input_ids=I32(ids), positions=I32(pos),
         slot_mapping=I32(slots(tok_tables, pos, block_size)), query_start=I32(qstart),
         context_lens=I32(ctx),
-        block_tables=I32(chain.from_iterable(chain(t, [0] * (width - len(t))) for t in tables)),
+        block_tables=I32(_padded(tables, width)),
         table_width=width, sample_rows=I32(rows),
         temperature=F64([p.temperature for p in params]), top_p=F64([p.top_p for p in params]),
         top_k=I32([p.top_k for p in params]),
@@ -83,6 +83,16 @@ def _processors(b: ForwardBatch, history: Sequence[Sequence[int]],
         b.banned_start = I32(_offsets(banned))
     if any(p.logprobs is not None for p in params):
         b.logprobs = I32([-1 if p.logprobs is None else p.logprobs for p in params])
+
+
+def _padded(tables: Sequence[Sequence[int]], width: int) -> list[int]:
+    out: list[int] = []
+    extend = out.extend
+    for t in tables:
+        extend(t)
+        if len(t) < width:
+            extend([0] * (width - len(t)))
+    return out
 
 
 def _offsets(lists: Sequence[Sequence[int]]) -> list[int]:

@@ -95,17 +95,6 @@ class _Live:
     output: list[int] = field(default_factory=list)
 
 
-class _View:
-    """seq_id -> one attribute of its live entry, without copying the table every step."""
-
-    def __init__(self, live: dict, attr: str):
-        self.live, self.attr = live, attr
-
-    def get(self, seq_id: int, default=None):
-        live = self.live.get(seq_id)
-        return getattr(live, self.attr) if live is not None else default
-
-
 @dataclass
 class Extras:
     """A step's per-row logprobs (StepResult's columns), for the events of its tokens."""
@@ -127,8 +116,9 @@ class Engine:
         self.last_schedule: ScheduleOutput | None = None
         self.last_hits: list[list[int]] = []   # the last plan's prefix-cache hits
         self._planned: tuple[ScheduleOutput, int, float] | None = None
-        self._sampling = _View(self.live, "sampling")
-        self._stop_ids = _View(self.live, "stop_ids")
+        # seq_id -> its live entry's sampling / stop_ids: plain dicts, read per row per step
+        self._sampling: dict[int, SamplingParams] = {}
+        self._stop_ids: dict[int, frozenset[int]] = {}
         self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
         self.extras: Extras | None = None               # the last committed step's logprobs
 
@@ -152,6 +142,7 @@ class Engine:
             sampling = replace(sampling, seed=derive_seed(self.seed, seq_id))
         step = self.step_no
         stops = frozenset(sampling.stop_token_ids or ()).union(() if ignore_eos else self.eos_ids)
+        self._sampling[seq_id], self._stop_ids[seq_id] = sampling, stops
         self.live[seq_id] = _Live(sampling, stops,
                                   RequestClock(time.monotonic(), step, req.priority))
         self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos, user)
@@ -168,7 +159,7 @@ class Engine:
         return self._end(seq_id, "stop", num_tokens)
 
     def _end(self, seq_id: int, kind: str, num_tokens: int | None) -> dict | None:
-        live = self.live.pop(seq_id, None)
+        live = self._pop(seq_id)
         if live is None:
             return None
         self.sched.abort(seq_id)
@@ -221,12 +212,11 @@ class Engine:
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
         self.extras = (_extras(ids, result, self._sampling)
                        if result is not None and len(result.logprobs) else None)
-        stops = self._stop_ids.get
-        outputs = [StepOutput(seq_id, tok, tok in stops(seq_id, ())) for seq_id, tok in zip(ids, tokens)]
+        outputs, outs = self._outputs(ids, tokens)
         events = self.sched.on_step(outputs)
         if abandoned:
             self._forget_cache()
-        self._record(step, out, outputs, t0)
+        self._record(step, out, outs, t0)
         self._finish(events, step)
         return events
 
@@ -273,11 +263,11 @@ class Engine:
             if live is not None:
                 live.clock.preemptions += 1
 
-    def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float,
+    def _record(self, step: int, out: ScheduleOutput, outs: list, t0: float,
                 hits=None) -> None:
-        """`hits`: the step's prefix-cache hits (default: the last plan's)."""
+        """outs: [id, token, stop] per sampled row; `hits`: the step's prefix-cache hits
+        (default: the last plan's)."""
         doc = schedule_json(out, self.last_hits if hits is None else hits)
-        outs = [[o.id, o.token, o.stop] for o in outputs]
         snapshot = self.sched.snapshot()
         summary = getattr(self.sched.blocks, "summary", None)
         if summary is not None:   # the cache's state too (absent without one: old hashes hold)
@@ -289,6 +279,17 @@ class Engine:
         self.log.step(StepRecord(step, time.time(), ms, doc, outs, st.free_blocks, st.running,
                                  st.waiting, self.last_hash))
 
+    def _pop(self, seq_id: int) -> _Live | None:
+        self._sampling.pop(seq_id, None)
+        self._stop_ids.pop(seq_id, None)
+        return self.live.pop(seq_id, None)
+
+    def _outputs(self, ids, tokens) -> tuple[list[StepOutput], list]:
+        """The StepOutputs of a step's tokens, and the same as the log's [id, token, stop]."""
+        stops = self._stop_ids.get
+        flags = [t in stops(i, ()) for i, t in zip(ids, tokens)]
+        return list(map(StepOutput, ids, tokens, flags)), list(zip(ids, tokens, flags))
+
     def _finish(self, events: list, step: int) -> None:
         live_of = self.live.get
         for ev in events:
@@ -297,13 +298,13 @@ class Engine:
                 if live is not None:
                     live.output.append(ev.token)
             else:
-                live = self.live.pop(ev.id, None)
+                live = self._pop(ev.id)
                 if live is not None:
                     self.log.finish(ev.id, step, ev.reason.value, live.output)
                     self.finished_metrics[ev.id] = self._figures(ev.id, live)
 
 
-def _extras(ids: list[int], result, sampling: _View) -> Extras:
+def _extras(ids: list[int], result, sampling: dict) -> Extras:
     """StepResult's logprob columns (see core/ipc/protocol.py) keyed by request id: the
     rows that asked (a number, not NaN) each have their request's `logprobs` alternatives."""
     lps, top, at = {}, {}, 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 from core.batch import fill_ahead, sampled_ids
 from core.engine import Engine, _extras
 from core.ipc.protocol import ForwardBatch
-from core.sched import StepOutput
 
 ABANDON = "abandon"   # the input logged when a planned step is dropped without launching
 
@@ -66,16 +65,15 @@ class OverlapEngine(Engine):
         if tokens is None:
             self.sched.rollback(step)
             self._forget_cache()
-            outputs, events, self.extras = [], [], None
+            events, self.extras = [], None
         else:
             if len(ids) != len(tokens):
                 raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
             self.extras = (_extras(ids, result, self._sampling)
                            if result is not None and len(result.logprobs) else None)
-            stops = self._stop_ids.get
-            outputs = [StepOutput(i, t, t in stops(i, ())) for i, t in zip(ids, tokens)]
+            outputs, outs = self._outputs(ids, tokens)
             events = self.sched.settle(step, outputs)
-        self._record(step, out, outputs, t0, hits)
+        self._record(step, out, outs if tokens is not None else [], t0, hits)
         self._finish(events, step)
         return events
 
