@@ -229,6 +229,14 @@ class Engine:
         self._finish(events, step)
         return events
 
+    def abandon(self) -> None:
+        """Drop the planned step: its batch failed to build, or its worker died."""
+        self.commit(None)
+
+    def lose_worker(self) -> None:
+        """The worker died: what it was given is lost (a restart follows)."""
+        self.commit(None)
+
     def step(self) -> list:
         batch = self.plan()
         if not batch.num_seqs:

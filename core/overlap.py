@@ -13,11 +13,24 @@ hash of step N is taken after N+1 was planned.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from core.batch import fill_ahead, sampled_ids
 from core.engine import Engine, _extras
 from core.ipc.protocol import ForwardBatch
+from core.sched import ScheduleOutput
 
 ABANDON = "abandon"   # the input logged when a planned step is dropped without launching
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A launched step waiting for its tokens."""
+    out: ScheduleOutput
+    step: int
+    t0: float                # when it was planned (its log row's duration runs from there)
+    ids: list[int]           # its sample rows' requests, in the worker's token order
+    hits: list               # its admissions' prefix-cache hits, for its log row
 
 
 class OverlapEngine(Engine):
@@ -25,7 +38,7 @@ class OverlapEngine(Engine):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.inflight: tuple | None = None    # (out, step, t0, sampled ids, hits) in flight
+        self.inflight: InFlight | None = None
         self._batch: ForwardBatch | None = None   # offline: the launched step's batch
         self._prev: tuple[int, object] = (-1, None)  # offline: the last step's (step, tokens)
 
@@ -35,7 +48,7 @@ class OverlapEngine(Engine):
     def plan(self, build: bool = True) -> ForwardBatch | None:
         batch = super().plan(build)
         if batch is not None and self.inflight is not None:
-            batch.prev_step = self.inflight[1]
+            batch.prev_step = self.inflight.step
         return batch
 
     def launch(self) -> list:
@@ -47,7 +60,7 @@ class OverlapEngine(Engine):
         self._planned = None
         ids = sampled_ids(out)
         self.sched.on_step_ahead(ids)
-        self.inflight = (out, step, t0, ids, self.last_hits)
+        self.inflight = InFlight(out, step, t0, ids, self.last_hits)
         return []
 
     def abandon(self) -> None:
@@ -56,14 +69,21 @@ class OverlapEngine(Engine):
         self.log.input(self.step_no, ABANDON, None)
         self.commit(None)
 
+    def lose_worker(self) -> None:
+        """The step in flight is rolled back, the planned one abandoned."""
+        if self.inflight is not None:
+            self.settle(None)
+        if self._planned is not None:
+            self.abandon()
+
     def settle(self, tokens, result=None) -> list:
         """The in-flight step's tokens (None: it was lost with its worker, and its
         placeholders are rolled back); logs the step, returns the scheduler's events."""
-        out, step, t0, ids, hits = self.inflight
-        self.inflight = None
+        f, self.inflight = self.inflight, None
+        ids, outs = f.ids, []
         self.finished_metrics = {}
         if tokens is None:
-            self.sched.rollback(step)
+            self.sched.rollback(f.step)
             self._forget_cache()
             events, self.extras = [], None
         else:
@@ -72,9 +92,9 @@ class OverlapEngine(Engine):
             self.extras = (_extras(ids, result, self._sampling)
                            if result is not None and len(result.logprobs) else None)
             outputs, outs = self._outputs(ids, tokens)
-            events = self.sched.settle(step, outputs)
-        self._record(step, out, outs if tokens is not None else [], t0, hits)
-        self._finish(events, step)
+            events = self.sched.settle(f.step, outputs)
+        self._record(f.step, f.out, outs, f.t0, f.hits)
+        self._finish(events, f.step)
         return events
 
     # ---- offline: the in-process runner runs a step when the next one was planned

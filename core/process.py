@@ -119,7 +119,7 @@ class CoreLoop:
         t0 = time.monotonic()
         _log(f"worker {self.worker_pid} lost ({why}); waiting for a new one")
         if abandon:
-            self.abandon_steps()
+            self.engine.lose_worker()
         msg = self.wait_worker(RESTART_WAIT_S)
         if (msg.info.num_blocks, msg.info.block_size) != (self.info.num_blocks, self.info.block_size):
             raise WorkerLost("the new worker's KV pool differs from the old one's")
@@ -128,18 +128,6 @@ class CoreLoop:
         self.announce()
         _log(f"worker {msg.pid} took over after {time.monotonic() - t0:.2f}s;"
              f" {len(preempted)} request(s) will recompute")
-
-    def abandon_steps(self) -> None:
-        """The worker is gone: the step in flight (overlapped) is rolled back and the
-        planned one is abandoned; their requests recompute after the restart."""
-        eng = self.engine
-        if not eng.overlap:
-            eng.commit(None)
-            return
-        if eng.inflight is not None:
-            self.publish(eng.settle(None))
-        if eng._planned is not None:
-            eng.abandon()
 
     # ---- the loop
 
@@ -280,9 +268,8 @@ class CoreLoop:
             batch, failed = None, e
         send = batch is not None and batch.num_seqs
         if eng.inflight is not None:
-            _, step, _, ids, _ = eng.inflight
             try:
-                result = self.wait_result(step, len(ids))
+                result = self.wait_result(eng.inflight.step, len(eng.inflight.ids))
             except WorkerDied as e:
                 self.replace_worker(str(e))
                 return
@@ -300,10 +287,7 @@ class CoreLoop:
         """The planned step could not be built: abandon it and fail the requests in it
         with an error reply (their aborts are logged); every other request runs on."""
         out = self.engine.last_schedule
-        if self.engine.overlap:
-            self.engine.abandon()
-        else:
-            self.engine.commit(None)
+        self.engine.abandon()
         suspects = [*out.decode, *(c.id for c in out.prefill)]
         _log(f"step failed ({e!r}): failing request(s) {sorted(set(suspects))}")
         for seq_id in dict.fromkeys(suspects):

@@ -139,7 +139,7 @@ def test_abort_with_its_step_in_flight(tmp_path):
     b = eng.add(Request([7, 8], 20), ignore_eos=True)
     for _ in range(4):
         eng.step()
-    assert eng.inflight is not None and a in eng.inflight[3]
+    assert eng.inflight is not None and a in eng.inflight.ids
     before = len(eng.live[a].output)
     assert eng.abort(a)
     events = eng.step()   # settles the step that sampled `a`: its token is dropped
