@@ -41,6 +41,7 @@ class OverlapEngine(Engine):
         self.inflight: InFlight | None = None
         self._batch: ForwardBatch | None = None   # offline: the launched step's batch
         self._prev: tuple[int, object] = (-1, None)  # offline: the last step's (step, tokens)
+        self._gone: list[int] = []   # ended requests whose sampling a row in flight may need
 
     def busy(self) -> bool:
         return self.inflight is not None or self.sched.has_unfinished()
@@ -55,8 +56,11 @@ class OverlapEngine(Engine):
         """The planned step goes to the worker. One with nothing to run commits at once
         (its events, none of them tokens); else it is in flight and settles later."""
         out, step, t0 = self._planned
-        if not out.decode and not out.prefill:
-            return self.commit([])
+        if not out.decode and not out.prefill:   # no rows, so no events: the settled
+            kept = self.extras, self.finished_metrics   # step's logprobs and figures stay
+            events = self.commit([])
+            self.extras, self.finished_metrics = kept
+            return events
         self._planned = None
         ids = sampled_ids(out)
         self.sched.on_step_ahead(ids)
@@ -80,6 +84,7 @@ class OverlapEngine(Engine):
         """The in-flight step's tokens (None: it was lost with its worker, and its
         placeholders are rolled back); logs the step, returns the scheduler's events."""
         f, self.inflight = self.inflight, None
+        gone, self._gone = self._gone, []
         ids, outs = f.ids, []
         self.finished_metrics = {}
         if tokens is None:
@@ -95,7 +100,17 @@ class OverlapEngine(Engine):
             events = self.sched.settle(f.step, outputs)
         self._record(f.step, f.out, outs, f.t0, f.hits)
         self._finish(events, f.step)
+        for seq_id in gone:
+            self._sampling.pop(seq_id, None)
         return events
+
+    def _pop(self, seq_id: int):
+        """As Engine's, but the request's sampling stays until the step in flight (and,
+        for one ending in a settle, the next one) settles: its row there may have asked
+        for logprobs, whose count lays out the result's alternatives."""
+        self._gone.append(seq_id)
+        self._stop_ids.pop(seq_id, None)
+        return self.live.pop(seq_id, None)
 
     # ---- offline: the in-process runner runs a step when the next one was planned
 

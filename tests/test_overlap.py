@@ -11,7 +11,7 @@ import pytest
 
 from core.config import CoreConfig, log_meta
 from core.ipc.protocol import SamplingParams
-from core.sched import Finished, Request
+from core.sched import Finished, Request, TokenEvent
 from core.steplog import StepLog
 from replay.logfile import LogFile
 from replay.record import SCENARIOS, record
@@ -115,6 +115,25 @@ def test_a_stop_at_step_n_gets_no_token_of_step_n_plus_1(tmp_path):
     stop_step = next(r.step for r in rows if [0, runner.info.eos_ids[0], True] in r.outputs)
     assert 0 in rows[stop_step + 1].schedule["decode"]
     assert verify(lf).ok
+
+
+@pytest.mark.parametrize("end", ["stop", "abort"])
+def test_logprobs_stay_in_place_when_a_request_ends_with_its_row_in_flight(end):
+    """Request a ends (a stop token, or an abort) while a step holding its row, which asked
+    for 2 alternatives, is in flight: b's 3 alternatives still start with b's token."""
+    runner = StopAt({(0, 1)} if end == "stop" else (), num_blocks=64, block_size=4)
+    eng = engine(runner, True)
+    a = eng.add(Request([5, 6, 7], 6), SamplingParams(logprobs=2), ignore_eos=end == "abort")
+    b = eng.add(Request([8, 9], 6), SamplingParams(logprobs=3), ignore_eos=True)
+    tops = []
+    while eng.busy():
+        if end == "abort" and eng.inflight is not None and eng.step_no == 4:
+            eng.abort(a)
+        events = eng.step()
+        tops += [(ev.token, eng.extras.top[b]) for ev in events
+                 if isinstance(ev, TokenEvent) and ev.id == b]
+    assert len(tops) == 6
+    assert all(len(top) == 3 and top[0][0] == tok for tok, top in tops)
 
 
 def test_max_tokens_holds_the_last_token_out_of_the_next_step(tmp_path):
