@@ -6,21 +6,27 @@ import zmq
 
 from core.config import add_sched_args, config_from_args
 from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
-from core.process import CoreLoop, WorkerLost
+from core.process import CoreLoop, Refused, WorkerLost
 
 SWITCH_INTERVAL_S = 0.0005
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m core")
-    for name in ("--frontend-in", "--frontend-out", "--worker-in", "--worker-out"):
+    for name in ("--worker-in", "--worker-out"):
         p.add_argument(name, required=True)
+    p.add_argument("--frontend-in", help="where to bind the PULL the frontend sends to")
+    p.add_argument("--frontend-out", help="where to bind the PUSH the frontend reads")
+    p.add_argument("--join", help="instead: connect to this frontend's --replica-address")
     p.add_argument("--log", default=None)
     p.add_argument("--log-errors", choices=["stop", "serve"], default="stop",
                    help="when the log cannot be written: refuse new requests (stop) or"
                         " serve on and record the steps lost as a gap (serve)")
     add_sched_args(p)
-    cfg = config_from_args(p.parse_args(argv))
+    a = p.parse_args(argv)
+    if (a.join is None) == (a.frontend_in is None or a.frontend_out is None):
+        p.error("give --frontend-in and --frontend-out, or --join")
+    cfg = config_from_args(a)
     die_with_parent()
     sigterm_as_interrupt()
     # The step loop lets the GIL go at every socket call; taking it back from the step log's
@@ -33,6 +39,9 @@ def main(argv=None) -> int:
     except WorkerLost as e:
         print(f"[core] worker lost: {e}", file=sys.stderr, flush=True)
         return 3
+    except Refused as e:
+        print(f"[core] the frontend refused this replica: {e}", file=sys.stderr, flush=True)
+        return 2
     except KeyboardInterrupt:
         return 0
     finally:

@@ -12,8 +12,8 @@ from core.sched import (Chunked, FreeListBlocks, PrefixCacheBlocks, SchedPolicy,
 
 @dataclass(frozen=True)
 class CoreConfig:
-    frontend_in: str
-    frontend_out: str
+    frontend_in: str | None
+    frontend_out: str | None
     worker_in: str
     worker_out: str
     max_seqs: int = 256
@@ -30,6 +30,7 @@ class CoreConfig:
     log: str | None = None
     log_errors: str = "stop"   # "stop" | "serve": see core/steplog.py
     prefix_cache: bool = True
+    join: str | None = None    # a frontend's --replica-address (core/frontend_link.py)
     overlap: bool = True      # plan step N+1 while the worker runs N (core/overlap.py)
 
     def sched_config(self, info: ModelInfo) -> SchedulerConfig:
@@ -77,7 +78,8 @@ def config_from_args(a: argparse.Namespace) -> CoreConfig:
                       max_model_len=a.max_model_len, preempt_margin=a.preempt_margin,
                       prefill=a.prefill, max_chunk=a.max_chunk, seed=a.seed,
                       step_timeout=a.step_timeout, log=a.log, log_errors=a.log_errors,
-                      prefix_cache=a.prefix_cache, overlap=a.overlap)
+                      prefix_cache=a.prefix_cache, overlap=a.overlap,
+                      join=getattr(a, "join", None))
 
 
 def package_versions() -> dict:

@@ -16,10 +16,11 @@ import zmq
 from core.ipc.channel import Channel
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
+from core.frontend_link import BEAT_S, FrontendLink
 from core.ipc.lifeline import pid_alive
-from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreStats, Drain, Hello,
-                           I32, ProtocolError, Rejected, StatsQuery, StepEvents, StepResult,
-                           StopRequest, WorkerReady)
+from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreStats, Hello,
+                           I32, JoinRefused, ProtocolError, Rejected, StatsQuery, StepEvents,
+                           StepResult, StopRequest, WorkerReady)
 from core.steplog import StepLog
 from core.sched import AdmitError, Finished, QueueFull, Request, TokenEvent
 
@@ -30,6 +31,10 @@ RESTART_WAIT_S = 300.0   # how long the core waits for a replacement worker
 
 class WorkerLost(Exception):
     """No worker came back after one died (serve gave up on restarting it)."""
+
+
+class Refused(Exception):
+    """The frontend this replica joined will not route to it (JoinRefused)."""
 
 
 class WorkerDied(Exception):
@@ -58,14 +63,8 @@ def _log(msg: str) -> None:
 class CoreLoop:
     def __init__(self, cfg: CoreConfig, ctx: zmq.Context):
         self.cfg = cfg
-        # Unbounded both ways: the core reads its inputs even mid-step (into _inbox) and
-        # never blocks on a stalled frontend, so neither side ever drops or waits on the
-        # other; memory is bounded by the requests admitted.
-        self.fe_in = Channel(ctx, zmq.PULL, cfg.frontend_in, bind=True,
-                             accept=(AddRequest, AbortRequest, StopRequest, StatsQuery, Drain,
-                                     Hello),
-                             unbounded=True)
-        self.fe_out = Channel(ctx, zmq.PUSH, cfg.frontend_out, bind=True, unbounded=True)
+        self.link = FrontendLink(ctx, cfg.frontend_in, cfg.frontend_out, cfg.join)
+        self.fe_in, self.fe_out = self.link.fe_in, self.link.fe_out
         self._inbox: list = []   # frontend inputs read during a step, applied after it
         self.wk_in = Channel(ctx, zmq.PULL, cfg.worker_in, bind=True,
                              accept=(WorkerReady, StepResult), max_bytes=1 << 30)
@@ -80,6 +79,7 @@ class CoreLoop:
         self.info = None
         self.log: StepLog | None = None
         self._ready_pending: WorkerReady | None = None
+        self._frontend_pid: int | None = None
 
     # ---- start-up
 
@@ -153,6 +153,9 @@ class CoreLoop:
             _log(f"no frontend connected: dropped {type(msg).__name__}")
 
     def drain_inputs(self, block_ms: int) -> None:
+        self.link.beat()
+        if self.link.joined:
+            block_ms = min(block_ms, int(BEAT_S * 1000))
         inbox, self._inbox = self._inbox, []
         for msg in inbox:
             self.handle(msg)
@@ -193,15 +196,22 @@ class CoreLoop:
             self.stop(msg)
         elif isinstance(msg, StatsQuery):
             self.send(CoreStats(qid=msg.qid, stats=self.stats()))
+        elif isinstance(msg, JoinRefused):
+            raise Refused(msg.reason)
 
     def hello(self, msg: Hello) -> None:
-        """A new frontend: the requests of the one before it have nobody to answer to."""
-        orphans = list(self.seq_of.values())
+        """A new frontend: the requests of the one before it have nobody to answer to. A
+        repeated Hello from the same frontend (a joined replica may be greeted twice) only
+        gets CoreReady again."""
+        same, self._frontend_pid = msg.pid == self._frontend_pid, msg.pid
+        orphans = [] if same else list(self.seq_of.values())
         for seq_id in orphans:
             self.drop(seq_id)
         if orphans:
             _log(f"frontend {msg.pid} connected: aborted {len(orphans)} request(s) of the one before")
         self.announce()
+        if self.link.joined:
+            print(f"JOINED {self.cfg.join}", flush=True)   # scripts/serve --join waits for it
 
     def stop(self, msg: StopRequest) -> None:
         """A stop string ended the request at the frontend: finish it "stop" here too, and
@@ -314,6 +324,7 @@ class CoreLoop:
         deadline = time.monotonic() + self.cfg.step_timeout
         while True:
             ready = dict(self._step_poll.poll(int(WORKER_CHECK_S * 1000)))
+            self.link.beat()
             if self.fe_in.sock in ready:
                 self.collect_inputs()
             if self.wk_in.sock in ready:
@@ -369,5 +380,6 @@ class CoreLoop:
             self.engine.abort_all()
         if self.log is not None:
             self.log.close()
-        for ch in (self.fe_in, self.fe_out, self.wk_in, self.wk_out):
+        self.link.close()
+        for ch in (self.wk_in, self.wk_out):
             ch.close()

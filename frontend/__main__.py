@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where clients connect; tcp://127.0.0.1:0 picks a free port")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow binding a non-loopback address")
+    p.add_argument("--replica-address", default=None,
+                   help="accept engine replicas that join from elsewhere (serve --join) here")
     p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
@@ -43,13 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="frontend %(levelname)s %(message)s")
-    if not is_loopback(args.address):
+    for addr in filter(None, (args.address, args.replica_address)):
+        if is_loopback(addr):
+            continue
         if not args.allow_remote:
-            print(f"frontend: {args.address} is not a loopback address; "
+            print(f"frontend: {addr} is not a loopback address; "
                   "pass --allow-remote to bind it", file=sys.stderr)
             return 2
         logging.warning("binding %s: the engine is reachable from other hosts "
-                        "(no authentication)", args.address)
+                        "(no authentication)", addr)
     if len(args.core_in) != len(args.core_out):
         print("frontend: give --core-in and --core-out once per replica each", file=sys.stderr)
         return 2
@@ -61,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fe = Frontend(FrontendConfig(list(zip(args.core_in, args.core_out)), args.address,
                                      args.max_frame_bytes, args.drain_timeout,
-                                     args.max_inflight_per_client))
+                                     args.max_inflight_per_client, args.replica_address))
     except zmq.ZMQError as e:
-        print(f"frontend: cannot open {args.address}: {e}", file=sys.stderr)
+        print(f"frontend: cannot open {args.address} or {args.replica_address}: {e}",
+              file=sys.stderr)
         return 1
     signal.set_wakeup_fd(fe.wakeup.write_fd(), warn_on_full_buffer=False)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -21,14 +21,15 @@ import zmq
 
 from core.ipc.channel import Router, RouterError
 from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
-                           CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello, I32,
-                           ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
+                           Beat, CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello,
+                           I32, JoinRefused, ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
                            Stats, StatsQuery, StatsReply, StepEvents, StopRequest)
 from frontend.events import group_events
 from frontend.inflight import Inflight
 from frontend.limits import SEED_LIMIT
 from frontend.replica_stats import StatsWait, merge, replica_stats
-from frontend.replicas import Replica, least_loaded
+from frontend.joins import Joins
+from frontend.replicas import LocalReplica, Replica, least_loaded, same_model
 from frontend.request import RequestState
 from frontend.salvage import peek_request_id
 from frontend.tokenizer import Tokenizer
@@ -54,6 +55,7 @@ class FrontendConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     drain_timeout: float = 30.0
     max_inflight_per_client: int = 1024
+    replica_address: str | None = None   # where replicas may join (frontend/joins.py)
 
 
 class Frontend:
@@ -62,8 +64,11 @@ class Frontend:
         self._ctx = zmq.Context()
         self.router = Router(self._ctx, cfg.address, accept=CLIENT_TYPES,
                              max_bytes=cfg.max_frame_bytes)
-        self.replicas = [Replica(self._ctx, k, core_in, core_out, cfg.max_frame_bytes)
-                         for k, (core_in, core_out) in enumerate(cfg.cores)]
+        self.replicas: list[Replica] = [
+            LocalReplica(self._ctx, k, core_in, core_out, cfg.max_frame_bytes)
+            for k, (core_in, core_out) in enumerate(cfg.cores)]
+        self.joins = (None if cfg.replica_address is None else
+                      Joins(self._ctx, cfg.replica_address, cfg.max_frame_bytes))
         self.poller = zmq.Poller()
         self.wakeup = Wakeup()
         self.info: ModelInfo | None = None
@@ -96,6 +101,8 @@ class Frontend:
         poller = self.poller
         poller.register(self.router.sock, zmq.POLLIN)
         poller.register(self.wakeup.read_fd(), zmq.POLLIN)
+        if self.joins is not None:
+            poller.register(self.joins.router.sock, zmq.POLLIN)
         next_beat = time.monotonic() + HEARTBEAT_S
         next_check = time.monotonic() + CORE_CHECK_S
         while True:
@@ -111,8 +118,10 @@ class Frontend:
                 return self._exit_code
             ready = dict(poller.poll(self._poll_ms(min(next_beat, next_check))))
             for r in self.replicas:
-                if r.core_out.sock in ready:
+                if isinstance(r, LocalReplica) and r.core_out.sock in ready:
                     self._pump(r.core_out.recv, lambda msg, r=r: self._on_core(r, msg))
+            if self.joins is not None and self.joins.router.sock in ready:
+                self._pump(self.joins.recv, self._on_join_frame)
             if self.router.sock in ready:
                 self._pump(self.router.recv, self._on_client_frame)
             if self.wakeup.read_fd() in ready:
@@ -121,7 +130,10 @@ class Frontend:
     def close(self) -> None:
         self.router.sock.close(linger=CLOSE_LINGER_MS)  # Channel.close would drop what is queued
         for r in self.replicas:
-            r.close(linger=CLOSE_LINGER_MS)
+            if isinstance(r, LocalReplica):
+                r.close(linger=CLOSE_LINGER_MS)
+        if self.joins is not None:
+            self.joins.close(linger=CLOSE_LINGER_MS)
         self._ctx.term()
         self.wakeup.close()
 
@@ -206,7 +218,8 @@ class Frontend:
         except InvalidRequest as e:
             return self._error(ident, msg.request_id, e.code, str(e))
         st = self._state(ident, msg, ids)
-        seed = failover_seed(msg, ident) if len(self.replicas) > 1 else None
+        several = len(self.replicas) > 1 or self.joins is not None
+        seed = failover_seed(msg, ident) if several else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
                             sampling_of(msg, seed), msg.ignore_eos, msg.user)
         if not self._dispatch(st):
@@ -283,14 +296,19 @@ class Frontend:
                 self._replica_died(r)
 
     def _replica_died(self, r: Replica) -> None:
-        """Its requests run again on a live replica; with none left, they get 503."""
+        """Its requests run again on a live replica; with none left, they get 503. A local
+        replica's core is restarted by serve (Hello: its CoreReady brings it back); a
+        joined one is forgotten (a new core joins as a new replica)."""
         mine = [st for st in self.inflight if st.replica == r.index]
-        log.error("replica %d's core (pid %d) died: %d request(s) in flight", r.index,
-                  r.pids["core"], len(mine))
-        self.poller.unregister(r.core_out.sock)
-        r.reopen()
-        self.poller.register(r.core_out.sock, zmq.POLLIN)
-        r.send(Hello(os.getpid()))   # answered with CoreReady once a new core runs
+        log.error("%s replica %d's core (pid %d) died or left: %d request(s) in flight",
+                  "joined" if r.joined else "local", r.index, r.pids["core"], len(mine))
+        if isinstance(r, LocalReplica):
+            self.poller.unregister(r.core_out.sock)
+            r.reopen()
+            self.poller.register(r.core_out.sock, zmq.POLLIN)
+            r.send(Hello(os.getpid()))
+        else:
+            self.joins.forget(r)
         for st in mine:
             self._rerun(st)
         for qid, wait in list(self._stats_waiters.items()):
@@ -319,6 +337,32 @@ class Frontend:
             self._on_core_stats(r, msg)
         elif isinstance(msg, CoreReady):
             self._on_ready(r, msg)
+
+    def _on_join_frame(self, item) -> None:
+        ident, msg = item
+        r = self.joins.known(ident)
+        if r is not None:
+            if self.joins.left(msg):
+                r.left()
+                self._check_cores()
+            else:
+                self._on_core(r, msg)
+        elif isinstance(msg, Beat):
+            self.joins.greet(ident, os.getpid())
+        elif isinstance(msg, CoreReady) and self.joins.greeted(ident):
+            self._join(ident, msg)
+
+    def _join(self, ident: bytes, msg: CoreReady) -> None:
+        why = None if self.info is None else same_model(self.info, msg.info)
+        if why is not None:
+            log.error("refused the replica of core pid %d: %s", msg.pid, why)
+            self.joins.router.send(ident, JoinRefused(why))
+            return
+        r = self.joins.add(ident, len(self.replicas))
+        self.replicas.append(r)
+        log.info("replica %d joined (core pid %d, worker pid %d)", r.index, msg.pid,
+                 msg.worker_pid)
+        self._on_ready(r, msg)
 
     def _mine(self, r: Replica, fid: int) -> RequestState | None:
         """The request `fid` if it runs on `r` (a re-sent one may hear from its old core)."""
@@ -350,7 +394,8 @@ class Frontend:
         if wait is None or r.index not in wait.pending:
             return
         wait.pending.discard(r.index)
-        wait.got[r.index] = replica_stats(msg.stats, r.index, r.pids, r.info.max_model_len)
+        wait.got[r.index] = replica_stats(msg.stats, r.index, r.pids, r.info.max_model_len,
+                                     r.joined)
         if not wait.pending:
             self._answer_stats(msg.qid)
 
@@ -367,8 +412,8 @@ class Frontend:
             log.info("replica %d's core is ready (core pid %d, worker pid %d)", r.index,
                      msg.pid, msg.worker_pid)
             return
-        if not all(rep.up for rep in self.replicas):
-            return   # READY once every replica runs
+        if not all(rep.up for rep in self.replicas if not rep.joined):
+            return   # READY once every local replica runs
         self.info, self._eos_ids = msg.info, frozenset(msg.info.eos_ids)
         try:
             self.tokenizer = Tokenizer.load(msg.info.tokenizer)

@@ -16,8 +16,11 @@ class StatsWait:
     got: dict[int, dict] = field(default_factory=dict)
 
 
-def replica_stats(core_stats: dict, index: int, pids: dict, max_model_len: int) -> dict:
-    st = dict(core_stats)
+def replica_stats(core_stats: dict, index: int, pids: dict, max_model_len: int,
+                  joined: bool = False) -> dict:
+    """One replica's stats; `joined`: its core runs elsewhere (its pids are not this
+    machine's)."""
+    st = dict(core_stats, joined=joined)
     st.setdefault("max_model_len", max_model_len)
     core_pids = st.get("pids") if isinstance(st.get("pids"), dict) else {}
     st["pids"] = {**pids, **core_pids}
@@ -28,7 +31,7 @@ def merge(per_replica: list[dict], frontend_pid: int) -> dict:
     """The first replica's keys, counts summed, max_model_len the least; `pids` keeps the
     first replica's core and worker; `replicas` lists each one's own stats."""
     first = per_replica[0]
-    out = {k: v for k, v in first.items() if k != "replica"}
+    out = {k: v for k, v in first.items() if k not in ("replica", "joined")}
     for k in SUMMED:
         values = [st[k] for st in per_replica if isinstance(st.get(k), (int, float))]
         if values:

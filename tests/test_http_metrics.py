@@ -55,7 +55,18 @@ def test_serve_answers_http_with_urllib(gateway):
     assert reply["usage"]["total_tokens"] == (reply["usage"]["prompt_tokens"]
                                               + reply["usage"]["completion_tokens"])
     status, _, reply = http("GET", gateway + "/health")
-    assert (status, reply) == (200, {"status": "ok"})
+    assert (status, reply["status"]) == (200, "ok"), reply
+    assert [(r["replica"], r["ok"], r["joined"]) for r in reply["replicas"]] == [(0, True, False)]
+
+
+def test_health_per_replica_checks_local_pids_only():
+    from frontend.http.app import replica_health
+    me, gone = os.getpid(), 2 ** 22 + 12345   # above pid_max: never a live process
+    local = {"replica": 0, "pids": {"core": me, "worker": gone}, "running": 1, "waiting": 0}
+    assert replica_health(local) == {"replica": 0, "joined": False, "ok": False,
+                                     "dead": ["worker"], "running": 1, "waiting": 0}
+    joined = {"replica": 1, "joined": True, "pids": {"core": gone, "worker": gone}}
+    assert replica_health(joined)["ok"]
 
 
 def test_metrics_parse_and_move_with_traffic(gateway, oai, group):

@@ -9,8 +9,8 @@ from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m worker")
-    p.add_argument("--to-core", required=True, help="the core's PULL endpoint for results")
-    p.add_argument("--from-core", required=True, help="the core's PUSH endpoint for batches")
+    p.add_argument("--to-core", help="the core's PULL endpoint for results (rank 0)")
+    p.add_argument("--from-core", help="the core's PUSH endpoint for batches (rank 0)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -19,11 +19,14 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (worker/tp.py)")
-    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
+    p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
+                   help="torch.distributed's rendezvous (rank 0 hosts it; default: a free"
+                        " loopback port)")
+    p.add_argument("--nnodes", type=int, default=1, help="machines the ranks are spread over")
     a = p.parse_args(argv)
-    if a.tp < 1:
-        p.error(f"--tp must be at least 1, not {a.tp}")
+    if why := _bad_ranks(a):
+        p.error(why)
     die_with_parent()
     sigterm_as_interrupt()
     if a.tp != 1:
@@ -42,6 +45,20 @@ def main(argv=None) -> int:
     finally:
         ctx.term()
     return 0
+
+
+def _bad_ranks(a) -> str | None:
+    if a.tp < 1:
+        return f"--tp must be at least 1, not {a.tp}"
+    if a.nnodes < 1 or a.tp % a.nnodes:
+        return f"--nnodes {a.nnodes} must divide --tp {a.tp}"
+    if a.nnodes > 1 and not a.dist_init:
+        return "--nnodes over 1 needs --dist-init tcp://HOST:PORT"
+    if not 0 <= a.rank < a.tp:
+        return f"--rank must be in 0..{a.tp - 1}"
+    if a.rank == 0 and not (a.to_core and a.from_core):
+        return "rank 0 needs --to-core and --from-core"
+    return None
 
 
 if __name__ == "__main__":

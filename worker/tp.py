@@ -1,8 +1,11 @@
 """The tensor-parallel worker (`python -m worker --tp N`): N ranks over torch.distributed.
 
-Rank 0 is the worker scripts/serve started: it starts ranks 1..N-1 as its children, talks to
-the core, broadcasts every ForwardBatch (and the final Shutdown) to them, and samples from
-the full logits. Every rank runs every forward on its shard of the model (transformers' own
+Rank 0 is the worker scripts/serve started: it hosts the rendezvous (torch.distributed's
+TCPStore, at --dist-init or a free loopback port), starts the other ranks of its machine
+as its children, talks to the core, broadcasts every ForwardBatch (and the final Shutdown)
+to every rank, and samples from the full logits. With --nnodes M the ranks are spread over
+M machines, N/M each: machine K's ranks are started there by
+`scripts/serve --dist-init ... --nnodes M --node-rank K` and meet rank 0 at the rendezvous. Every rank runs every forward on its shard of the model (transformers' own
 tensor-parallel plan, DistributedConfig(tp_size=N)) and its own KV heads; the all-reduces
 happen inside the model. Rank 0 exits as soon as any rank dies, so serve restarts the group
 as one worker (preempt all, recompute).
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -24,10 +28,16 @@ from core.ipc.protocol import ForwardBatch, Shutdown, decode, encode
 # Followers wait in a broadcast for as long as the core has nothing to run: no timeout.
 IDLE_WAIT = datetime.timedelta(days=365)
 RENDEZVOUS_WAIT = datetime.timedelta(seconds=300)
+# A rank on another machine gives up on a rendezvous sooner and is started again: the
+# rank 0 it met may be dying (docs/DESIGN.md, "Tensor parallel over machines").
+REMOTE_WAIT = datetime.timedelta(seconds=10)
+CLOSED = "tl/closed"
+REJOIN = 75   # exit status: start me again (not a fault; serve does not count it)
 MAX_FRAME = 1 << 30
 # Families whose greedy tokens over 2 ranks tests/test_tp.py matches with one process's; as
 # in worker/archs.py, the others are refused rather than served unchecked.
-CHECKED = frozenset({"llama", "qwen2"})
+CHECKED = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "granite",
+                     "starcoder2", "mixtral"})
 
 
 def _log(rank: int, msg: str) -> None:
@@ -56,23 +66,36 @@ def check_split(config, tp: int) -> None:
 
 def main(a, argv: list[str]) -> int:
     """Rank a.rank of a.tp; `argv` is rank 0's command line, which the followers reuse."""
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // a.tp))
+    per_node = a.tp // a.nnodes
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // per_node))
     ranks: list[subprocess.Popen] = []
     stopping = threading.Event()
+    host, port = rendezvous(a.dist_init)
     if a.rank == 0:
         _precheck(a)
-        store = dist.TCPStore("127.0.0.1", 0, a.tp, is_master=True, timeout=RENDEZVOUS_WAIT,
+        store = dist.TCPStore(host, port, a.tp, is_master=True, timeout=RENDEZVOUS_WAIT,
                               wait_for_workers=False)
-        ranks = [_spawn(argv, r, store.port) for r in range(1, a.tp)]
+        ranks = [_spawn(argv, r, f"tcp://{host}:{store.port}") for r in range(1, per_node)]
         threading.Thread(target=_watch, args=(ranks, stopping), daemon=True).start()
+    elif a.rank < per_node:   # started by rank 0, whose rendezvous is up
+        store = dist.TCPStore(host, port, a.tp, is_master=False, timeout=RENDEZVOUS_WAIT)
     else:
-        store = dist.TCPStore("127.0.0.1", a.store_port, a.tp, is_master=False,
-                              timeout=RENDEZVOUS_WAIT)
-    os.environ["LOCAL_RANK"] = str(a.rank)  # transformers binds cuda:LOCAL_RANK
-    dist.init_process_group("nccl" if a.device == "cuda" else "gloo", store=store,
-                            rank=a.rank, world_size=a.tp, timeout=IDLE_WAIT)
+        store = _remote_store(a, host, port)
+        if store is None:
+            return REJOIN
+    os.environ["LOCAL_RANK"] = str(a.rank % per_node)  # transformers binds cuda:LOCAL_RANK
+    try:
+        dist.init_process_group("nccl" if a.device == "cuda" else "gloo", store=store,
+                                rank=a.rank, world_size=a.tp, timeout=IDLE_WAIT)
+    except (RuntimeError, dist.DistError) as e:
+        if a.rank < per_node:
+            raise
+        _log(a.rank, f"rendezvous at {host}:{port} failed ({first_line(e)}); starting again")
+        return REJOIN
     # the control broadcasts are CPU bytes, so they take gloo also beside NCCL
     control = dist.new_group(backend="gloo", timeout=IDLE_WAIT)
+    if a.rank == 0:
+        store.set(CLOSED, "1")   # every rank has met: a later one met a dying rank 0
     shut = False
     try:
         runner = _runner(a)
@@ -92,8 +115,8 @@ def _precheck(a) -> None:
     """The refusals that need no process group, before any rank is started."""
     if a.model == "null":
         raise ValueError("the null model has no weights to split: use --tp 1")
-    if a.device == "cuda" and torch.cuda.device_count() < a.tp:
-        raise ValueError(f"--tp {a.tp} on cuda needs a GPU per rank; torch sees "
+    if a.device == "cuda" and torch.cuda.device_count() < a.tp // a.nnodes:
+        raise ValueError(f"--tp {a.tp} on cuda needs a GPU per rank here; torch sees "
                          f"{torch.cuda.device_count()}")
     from transformers import AutoConfig
 
@@ -101,9 +124,35 @@ def _precheck(a) -> None:
     check_split(AutoConfig.from_pretrained(resolve_model(a.model), local_files_only=True), a.tp)
 
 
-def _spawn(argv: list[str], rank: int, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "worker", *argv, "--rank", str(rank), "--store-port", str(port)]
-    return subprocess.Popen(cmd, env=dict(os.environ, LOCAL_RANK=str(rank)))
+def _remote_store(a, host: str, port: int):
+    """A rank on another machine meets rank 0 at its rendezvous; None (exit REJOIN, and
+    serve starts it again) while rank 0 is not there yet, or was the one that just died:
+    a rank that met a dying rank 0 would wait for it for ever."""
+    try:
+        store = dist.TCPStore(host, port, a.tp, is_master=False, timeout=REMOTE_WAIT)
+    except (RuntimeError, dist.DistError) as e:
+        _log(a.rank, f"no rendezvous at {host}:{port} yet ({first_line(e)}); starting again")
+        return None
+    if store.check([CLOSED]):
+        _log(a.rank, f"the group at {host}:{port} is complete (its rank 0 is ending); "
+                     "starting again")
+        return None
+    return store
+
+
+def rendezvous(address: str | None) -> tuple[str, int]:
+    """(host, port) of a tcp://HOST:PORT rendezvous; a free loopback port without one."""
+    if not address:
+        return "127.0.0.1", 0
+    parts = urlsplit(address)
+    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
+        raise ValueError(f"--dist-init wants tcp://HOST:PORT, not {address!r}")
+    return parts.hostname, parts.port
+
+
+def _spawn(argv: list[str], rank: int, address: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "worker", *argv, "--rank", str(rank), "--dist-init", address]
+    return subprocess.Popen(cmd)
 
 
 def _watch(ranks: list[subprocess.Popen], stopping: threading.Event) -> None:
@@ -158,11 +207,10 @@ class _Lead:
         try:
             broadcast(batch, self.control)
             return self.runner.run(batch)
-        except RuntimeError:
-            # a collective whose peer died fails here before the watcher sees the death
-            if why := _first_dead(self.ranks, wait=2.0):
-                _exit_for(why)
-            raise
+        except RuntimeError as e:
+            # a collective whose peer died fails here before the watcher sees the death;
+            # a rank on another machine is seen only so
+            _exit_for(_first_dead(self.ranks, wait=2.0) or f"a collective failed: {e}")
 
 
 def _lead(runner, control, ranks, a) -> bool:
@@ -198,3 +246,8 @@ def receive(group):
     buf = torch.empty(int(n), dtype=torch.uint8)
     dist.broadcast(buf, 0, group=group)
     return decode(buf.numpy().tobytes(), accept=(ForwardBatch, Shutdown), max_bytes=MAX_FRAME)
+
+
+def first_line(e: Exception) -> str:
+    """torch's errors carry a C++ backtrace after the first line."""
+    return (str(e).splitlines() or [type(e).__name__])[0]

@@ -67,11 +67,14 @@ class Channel:
 
     def __init__(self, ctx: zmq.Context, kind: int, address: str, *, bind: bool,
                  accept: tuple[type, ...] | None = None,
-                 max_bytes: int = DEFAULT_MAX_FRAME_BYTES, unbounded: bool = False):
+                 max_bytes: int = DEFAULT_MAX_FRAME_BYTES, unbounded: bool = False,
+                 options: dict[int, int] | None = None):
         self.sock = _make(ctx, kind, max_bytes)
         if unbounded:  # set before bind/connect: a pipe takes its high-water mark then
             self.sock.setsockopt(zmq.SNDHWM, 0)
             self.sock.setsockopt(zmq.RCVHWM, 0)
+        for opt, value in (options or {}).items():
+            self.sock.setsockopt(opt, value)
         self.accept, self.max_bytes = accept, max_bytes
         (self.sock.bind if bind else self.sock.connect)(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT) if bind else address

@@ -1,7 +1,8 @@
 """Every message on every socket, as typed dataclasses (the codec is core/ipc/wire.py).
 
 Sockets: client <-> frontend (ROUTER), frontend <-> core and core <-> worker (PUSH/PULL
-pairs bound by the core). `encode`/`decode` and the packed arrays are re-exported here.
+pairs bound by the core), and a joined replica's core <-> the frontend's --replica-address
+(DEALER -> ROUTER, docs/DESIGN.md "Joined replicas"). `encode`/`decode` and the packed arrays are re-exported here.
 """
 from __future__ import annotations
 
@@ -195,6 +196,26 @@ class CoreReady:
     info: ModelInfo
     pid: int
     worker_pid: int
+
+
+@message("beat")
+class Beat:
+    """A joined replica's core is alive (every BEAT_S); from an unknown replica it asks the
+    frontend for a Hello."""
+    pid: int
+
+
+@message("leave")
+class Leave:
+    """A joined replica's core is stopping: the frontend re-sends its requests elsewhere."""
+    pid: int
+
+
+@message("join_refused")
+class JoinRefused:
+    """The frontend will not route to this replica (it serves another model); the core
+    exits."""
+    reason: str
 
 
 # ---------------------------------------------------------------- core <-> worker

@@ -180,10 +180,21 @@ async def health(request: web.Request) -> web.Response:
     stats = await _stats(request.app[GATEWAY])
     if stats is None:
         raise ApiError(503, "the engine does not answer stats()")
-    dead = sorted(name for name, pid in stats.get("pids", {}).items() if not pid_alive(pid))
-    if dead:
+    replicas = [replica_health(r) for r in stats.get("replicas") or [stats]]
+    if not any(r["ok"] for r in replicas):
+        dead = sorted({name for r in replicas for name in r["dead"]})
         raise ApiError(503, f"engine process(es) not running: {', '.join(dead)}")
-    return web.json_response({"status": "ok"})
+    status = "ok" if all(r["ok"] for r in replicas) else "degraded"
+    return web.json_response({"status": status, "replicas": replicas})
+
+
+def replica_health(st: dict) -> dict:
+    """One replica: its processes on this machine alive (a joined replica's pids are on
+    another machine: that it answered stats is its health)."""
+    pids = {} if st.get("joined") else st.get("pids", {})
+    dead = sorted(name for name, pid in pids.items() if not pid_alive(pid))
+    return {"replica": st.get("replica", 0), "joined": bool(st.get("joined")), "ok": not dead,
+            "dead": dead, "running": st.get("running"), "waiting": st.get("waiting")}
 
 
 async def metrics(request: web.Request) -> web.Response:

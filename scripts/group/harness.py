@@ -50,10 +50,10 @@ class Group:
 
     def logs(self) -> list[Path]:
         """Every step log the group wrote: `log` itself, or with --dp each replica's
-        (log.r{k}.db, and log.r{k}.{n}.db after a restart)."""
+        (log.r{k}.db), and after a restart of a replica's core log[.r{k}].{n}.db."""
         if self.log is None:
             return []
-        mine = re.compile(rf"{re.escape(self.log.stem)}\.r\d+(\.\d+)?{re.escape(self.log.suffix)}")
+        mine = re.compile(rf"{re.escape(self.log.stem)}(\.r\d+)?(\.\d+)?{re.escape(self.log.suffix)}")
         replicas = sorted(p for p in self.log.parent.iterdir() if mine.fullmatch(p.name))
         return replicas or [self.log]
 
@@ -81,7 +81,7 @@ def start_group(tmp: Path, args: list[str] = (), timeout: float = 180.0,
         line = proc.stdout.readline()
         if line.startswith("ready "):
             http = proc.stdout.readline().split()[1] if "--http-port" in args else None
-            return Group(proc, line.split()[1], logfile, err, http)
+            return Group(proc, line.split()[-1], logfile, err, http)  # ready [joined] ADDR
         if not line and proc.poll() is not None:
             break
     proc.kill()

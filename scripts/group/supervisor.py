@@ -35,6 +35,7 @@ from core.ipc.channel import is_loopback
 from core.config import add_sched_args
 from scripts import ROOT
 
+REJOIN = 75             # a rank's exit status for "start me again" (worker/tp.py)
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
                         # (it checks the core's pid every 0.25 s)
 SCHED_FLAGS = ("max_seqs", "max_batch_tokens", "max_waiting", "policy", "aging_steps",
@@ -71,10 +72,24 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--http-host", default="127.0.0.1")
     p.add_argument("--dp", type=int, default=1,
                    help="engine replicas (data parallel), each a core and worker of its own")
+    p.add_argument("--replica-address", default=None,
+                   help="the frontend also accepts replicas that join from elsewhere here")
+    p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
+                   help="with --tp over several machines: the rendezvous (node 0 hosts it)")
+    p.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks span")
+    p.add_argument("--node-rank", type=int, default=0,
+                   help="this machine's place among them; above 0 it runs ranks only")
+    p.add_argument("--join", default=None, metavar="ADDR",
+                   help="run only engine replicas, joined to the frontend whose"
+                        " --replica-address is ADDR (no frontend here)")
     add_sched_args(p)
     a = p.parse_args(argv)
     if a.tp < 1:
         p.error(f"--tp must be at least 1, not {a.tp}")
+    if a.nnodes < 1 or a.tp % a.nnodes or not 0 <= a.node_rank < a.nnodes:
+        p.error(f"--nnodes {a.nnodes} must divide --tp {a.tp}, and --node-rank be below it")
+    if a.nnodes > 1 and (not a.dist_init or a.dp != 1):
+        p.error("--nnodes over 1 needs --dist-init tcp://HOST:PORT, and --dp 1")
     return a
 
 
@@ -88,12 +103,13 @@ def replica_names(dp: int) -> list[tuple[str, str]]:
 
 
 def replica_log(log: str | None, k: int, dp: int, generation: int = 0) -> str | None:
-    """P itself with one replica; P.r{k}.suffix with more (P.r{k}.{n}.suffix after the
-    n-th restart of replica k: a step log is never reopened)."""
-    if log is None or dp == 1:
+    """P itself with one replica; P.r{k}.suffix with more; after the n-th restart of the
+    replica, .{n} before the suffix as well (a step log is never reopened)."""
+    if log is None or (dp == 1 and not generation):
         return log
     p = Path(log)
-    return str(p.with_name(f"{p.stem}.r{k}{f'.{generation}' if generation else ''}{p.suffix}"))
+    tag = (f".r{k}" if dp > 1 else "") + (f".{generation}" if generation else "")
+    return str(p.with_name(f"{p.stem}{tag}{p.suffix}"))
 
 
 def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
@@ -103,8 +119,10 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
     py = [sys.executable, "-m"]
     sched = [x for n in SCHED_FLAGS if getattr(a, n) is not None
              for x in (_flag(n), str(getattr(a, n)))]
-    core = py + ["core", "--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"],
-                 "--worker-in", ep["wk_in"], "--worker-out", ep["wk_out"]] + sched
+    to_frontend = (["--join", a.join] if a.join else
+                   ["--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"]])
+    core = py + ["core", *to_frontend, "--worker-in", ep["wk_in"],
+                 "--worker-out", ep["wk_out"]] + sched
     if log:
         core += ["--log", replica_log(log, k, a.dp), "--log-errors", a.log_errors]
     if not a.prefix_cache:
@@ -112,14 +130,29 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
     if not a.overlap:
         core.append("--no-overlap")
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
-                   "--model", a.model, "--device", a.device, "--dtype", a.dtype,
-                   "--block-size", str(a.block_size)]
+                   *worker_args(a)]
+    return core, worker
+
+
+def worker_args(a: argparse.Namespace) -> list[str]:
+    """What every rank of a worker is started with, on any machine."""
+    out = ["--model", a.model, "--device", a.device, "--dtype", a.dtype,
+           "--block-size", str(a.block_size)]
     if a.tp != 1:
-        worker += ["--tp", str(a.tp)]
+        out += ["--tp", str(a.tp)]
+    if a.nnodes > 1:
+        out += ["--dist-init", a.dist_init, "--nnodes", str(a.nnodes)]
     for n in ("num_blocks", "kv_memory", "max_model_len"):
         if getattr(a, n) is not None:
-            worker += [_flag(n), str(getattr(a, n))]
-    return core, worker
+            out += [_flag(n), str(getattr(a, n))]
+    return out
+
+
+def rank_commands(a: argparse.Namespace) -> dict[str, list[str]]:
+    """serve --node-rank K (K > 0): this machine's share of the --tp ranks, nothing else."""
+    per_node = a.tp // a.nnodes
+    return {f"rank{r}": [sys.executable, "-m", "worker", *worker_args(a), "--rank", str(r)]
+            for r in range(a.node_rank * per_node, (a.node_rank + 1) * per_node)}
 
 
 def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list[str]]:
@@ -127,6 +160,8 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
     frontend = [sys.executable, "-m", "frontend", "--address", a.address]
     for k, (core, worker) in enumerate(replica_names(a.dp)):
         cmds[core], cmds[worker] = replica_commands(a, ipc, log, k)
+        if a.join:
+            continue
         frontend += ["--core-in", cmds[core][cmds[core].index("--frontend-in") + 1],
                      "--core-out", cmds[core][cmds[core].index("--frontend-out") + 1]]
     frontend += ["--max-frame-bytes", str(a.max_frame_bytes),
@@ -134,7 +169,9 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
                  "--max-inflight-per-client", str(a.max_inflight_per_client)]
     if a.allow_remote:
         frontend.append("--allow-remote")
-    return {**cmds, "frontend": frontend}
+    if a.replica_address:
+        frontend += ["--replica-address", a.replica_address]
+    return cmds if a.join else {**cmds, "frontend": frontend}
 
 
 def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[str]:
@@ -155,15 +192,15 @@ def default_log() -> str:
 
 
 class Group:
-    def __init__(self, cmds: dict[str, list[str]]):
-        self.cmds = cmds
+    def __init__(self, cmds: dict[str, list[str]], piped: tuple[str, ...] = ("frontend", "http")):
+        self.cmds, self.piped = cmds, piped   # piped: whose stdout says when it is ready
         self.procs: dict[str, subprocess.Popen] = {}
         for name in cmds:   # cores and workers, then the frontend
             self.spawn(name)
 
     def spawn(self, name: str) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        out = subprocess.PIPE if name in ("frontend", "http") else None
+        out = subprocess.PIPE if name in self.piped else None
         # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
         # drains the group in order; PDEATHSIG still ends them if serve dies.
         self.procs[name] = subprocess.Popen(self.cmds[name], env=env, stdout=out, cwd=ROOT,
@@ -176,9 +213,9 @@ class Group:
         return None
 
     def wait_ready(self, timeout: float, name: str = "frontend",
-                   tolerate: tuple[str, ...] = ()) -> str | None:
-        """`name`'s bound address once it prints READY; None if a process not in
-        `tolerate` died meanwhile."""
+                   tolerate: tuple[str, ...] = (), marker: str = "READY ") -> str | None:
+        """What `name` prints after `marker` (its bound address) once it prints it; None if
+        a process not in `tolerate` died meanwhile."""
         sel = selectors.DefaultSelector()
         out = self.procs[name].stdout
         sel.register(out, selectors.EVENT_READ)
@@ -186,7 +223,7 @@ class Group:
         while time.monotonic() < deadline:
             if sel.select(0.2):
                 line = out.readline().decode(errors="replace").strip()
-                if line.startswith("READY "):
+                if line.startswith(marker):
                     threading.Thread(target=self._forward, args=(out,), daemon=True).start()
                     return line.split(" ", 1)[1]
                 if line:
@@ -227,7 +264,8 @@ class Group:
 def main(argv=None) -> int:
     a = parse(argv)
     http = [] if a.http_port is None else [tcp_address(a.http_host, a.http_port)]
-    for addr in [a.address, *http]:
+    dist = [a.dist_init] if a.nnodes > 1 else []
+    for addr in filter(None, [a.address, *http, a.replica_address, *dist]):
         if not is_loopback(addr) and not a.allow_remote:
             print(f"serve: {addr} is not a loopback address; pass --allow-remote to bind it",
                   file=sys.stderr)
@@ -235,14 +273,21 @@ def main(argv=None) -> int:
     if a.dp < 1:
         print("serve: --dp must be at least 1", file=sys.stderr)
         return 2
-    log = None if a.no_log else (a.log or default_log())
-    ipc = tempfile.mkdtemp(prefix="tl-")
+    if a.join and (a.replica_address or a.http_port is not None):
+        print("serve: --join runs replicas only: no --replica-address or --http-port",
+              file=sys.stderr)
+        return 2
     stop = {"sig": None}
     signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
     signal.signal(signal.SIGINT, lambda s, f: stop.update(sig=s))
-    group = Group(commands(a, ipc, log))
+    if a.node_rank > 0:
+        return run_ranks(a, stop)
+    log = None if a.no_log else (a.log or default_log())
+    ipc = tempfile.mkdtemp(prefix="tl-")
+    cores = tuple(core for core, _ in replica_names(a.dp))
+    group = Group(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"))
     try:
-        return supervise(group, a, log, stop)
+        return (supervise_joined if a.join else supervise)(group, a, log, stop)
     finally:
         group.stop()
         shutil.rmtree(ipc, ignore_errors=True)
@@ -253,7 +298,61 @@ RESTARTABLE = ("worker", "frontend", "http")
 
 def restartable(name: str, a) -> bool:
     """A core is restarted only where other replicas serve meanwhile."""
-    return name.rstrip("0123456789") in RESTARTABLE or (a.dp > 1 and name.startswith("core"))
+    return (name.rstrip("0123456789") in RESTARTABLE
+            or ((a.dp > 1 or a.join) and name.startswith("core")))
+
+
+def run_ranks(a, stop) -> int:
+    """serve --node-rank K: start this machine's ranks and keep them up. When one dies the
+    group on node 0 is restarting (a rank's death fails rank 0's next collective, and rank
+    0's death fails every rank's), so all of them start again and meet the new rank 0."""
+    group = Group(rank_commands(a), piped=())
+    try:
+        print(f"ready node {a.node_rank} ranks {','.join(n[4:] for n in group.procs)} "
+              f"{a.dist_init}", flush=True)
+        restarts: list[float] = []
+        while stop["sig"] is None:
+            dead = group.dead()
+            if dead and dead[1] == REJOIN:   # it found no rank 0 to meet: try again
+                time.sleep(1.0)
+                group.spawn(dead[0])
+                continue
+            if dead and not may_restart(restarts, a, f"ranks of node {a.node_rank}"):
+                return 1
+            if dead:
+                print(f"serve: rank {dead[0][4:]} exited with code {dead[1]}; starting this "
+                      "node's ranks again", file=sys.stderr, flush=True)
+                group.stop(list(group.procs), grace=1.0)
+                for name in group.cmds:
+                    group.spawn(name)
+            time.sleep(0.05)
+        return 0
+    finally:
+        group.stop(list(group.procs), grace=2.0)
+
+
+def supervise_joined(group: Group, a, log, stop) -> int:
+    """serve --join: replicas only. A dead core starts again and joins as a new replica (the
+    frontend re-ran its requests meanwhile); a refused one (exit 2) stops the group."""
+    for core, _ in replica_names(a.dp):
+        if group.wait_ready(a.startup_timeout, core, marker="JOINED ") is None:
+            return report_death(group, "before joining")
+    print(f"ready joined {a.join}", flush=True)
+    restarts: dict[str, list[float]] = {}
+    while stop["sig"] is None:
+        dead = group.dead()
+        if dead and dead[1] != 2 and may_restart(restarts.setdefault(dead[0], []), a,
+                                                 dead[0]):
+            restart(group, a, *dead, len(restarts[dead[0]]), log)
+            if dead[0].startswith("core"):   # read its JOINED line, as for the first one
+                threading.Thread(target=group.wait_ready, daemon=True, args=(
+                    a.startup_timeout, dead[0], tuple(group.procs), "JOINED ")).start()
+        elif dead:
+            report_death(group, "")
+            return 2 if dead[1] == 2 else 1
+        time.sleep(0.05)
+    group.stop(group.engines())   # each core says Leave as it stops
+    return 0
 
 
 def supervise(group: Group, a, log, stop) -> int:
@@ -294,8 +393,8 @@ def supervise(group: Group, a, log, stop) -> int:
 
 def restart_replica(group: Group, a, core: str, log: str | None) -> None:
     """A new core and worker for the replica whose core died (its worker served only it)."""
-    k = int(core[len("core"):])
-    worker = f"worker{k}"
+    k = int(core[len("core"):] or 0)
+    worker = "worker" + core[len("core"):]
     group.stop((worker,), grace=0)
     cmd = group.cmds[core]
     if log:

@@ -1,0 +1,56 @@
+"""The core's link to the frontend (docs/DESIGN.md, "Joined replicas").
+
+Beside its frontend the core binds a PULL (requests in) and a PUSH (events out) that the
+frontend connects to. A replica that joins a frontend elsewhere (scripts/serve --join)
+instead connects one DEALER to the frontend's --replica-address, so that only the frontend
+listens; it says Beat every BEAT_S (the frontend cannot see its pid, so silence is how a
+dead replica is noticed) and Leave when it stops.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import zmq
+
+from core.ipc.channel import Channel
+from core.ipc.protocol import (AbortRequest, AddRequest, Beat, Drain, Hello, JoinRefused,
+                               Leave, StatsQuery, StopRequest)
+
+BEAT_S = 0.5
+FROM_FRONTEND = (AddRequest, AbortRequest, StopRequest, StatsQuery, Drain, Hello, JoinRefused)
+LEAVE_LINGER_MS = 1000
+
+
+class FrontendLink:
+    def __init__(self, ctx: zmq.Context, frontend_in: str | None, frontend_out: str | None,
+                 join: str | None = None):
+        self.joined = join is not None
+        self._next_beat = 0.0
+        # Unbounded both ways: the core reads its inputs even mid-step and never blocks on
+        # a stalled frontend, so neither side ever drops or waits on the other; memory is
+        # bounded by the requests admitted.
+        if self.joined:
+            sock_in = Channel(ctx, zmq.DEALER, join, bind=False, accept=FROM_FRONTEND,
+                              unbounded=True, options={zmq.IMMEDIATE: 1})
+            self.fe_in = self.fe_out = sock_in
+        else:
+            self.fe_in = Channel(ctx, zmq.PULL, frontend_in, bind=True, accept=FROM_FRONTEND,
+                                 unbounded=True)
+            self.fe_out = Channel(ctx, zmq.PUSH, frontend_out, bind=True, unbounded=True)
+
+    def beat(self) -> None:
+        """Beat when one is due (joined replicas only); IMMEDIATE drops it while no
+        frontend is connected, so beats never pile up for a frontend that is down."""
+        if not self.joined or time.monotonic() < self._next_beat:
+            return
+        self._next_beat = time.monotonic() + BEAT_S
+        self.fe_out.try_send(Beat(os.getpid()))
+
+    def close(self) -> None:
+        if self.joined:
+            self.fe_out.try_send(Leave(os.getpid()))
+            self.fe_out.sock.close(linger=LEAVE_LINGER_MS)
+            return
+        self.fe_in.close()
+        self.fe_out.close()
