@@ -8,6 +8,8 @@ from core.config import add_sched_args, config_from_args
 from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
 from core.process import CoreLoop, Refused, WorkerLost
 
+SWITCH_INTERVAL_S = 0.0005
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m core")
@@ -27,6 +29,9 @@ def main(argv=None) -> int:
     cfg = config_from_args(a)
     die_with_parent()
     sigterm_as_interrupt()
+    # The step loop lets the GIL go at every socket call; taking it back from the step log's
+    # writer thread can wait a whole switch interval (5 ms by default), longer than a step.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     ctx = zmq.Context()
     loop = CoreLoop(cfg, ctx)
     try:

@@ -51,7 +51,7 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         step=step, seq_ids=I32(seq_ids), input_ids=I32(ids), positions=I32(pos),
         slot_mapping=I32(slots(tok_tables, pos, block_size)), query_start=I32(qstart),
         context_lens=I32(ctx),
-        block_tables=I32(chain.from_iterable(chain(t, [0] * (width - len(t))) for t in tables)),
+        block_tables=I32(_padded(tables, width)),
         table_width=width, sample_rows=I32(rows),
         temperature=F64([p.temperature for p in params]), top_p=F64([p.top_p for p in params]),
         top_k=I32([p.top_k for p in params]),
@@ -83,6 +83,16 @@ def _processors(b: ForwardBatch, history: Sequence[Sequence[int]],
         b.banned_start = I32(_offsets(banned))
     if any(p.logprobs is not None for p in params):
         b.logprobs = I32([-1 if p.logprobs is None else p.logprobs for p in params])
+
+
+def _padded(tables: Sequence[Sequence[int]], width: int) -> list[int]:
+    out: list[int] = []
+    extend = out.extend
+    for t in tables:
+        extend(t)
+        if len(t) < width:
+            extend([0] * (width - len(t)))
+    return out
 
 
 def _offsets(lists: Sequence[Sequence[int]]) -> list[int]:
@@ -122,3 +132,17 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
 def sampled_ids(out) -> list[int]:
     """The request id of each sample row of build_batch(out), in the worker's token order."""
     return [*out.decode, *(c.id for c in out.prefill if c.last)]
+
+
+def fill_ahead(batch: ForwardBatch, step: int, tokens: Sequence[int] | None) -> bool:
+    """Replace the placeholders of `batch` (see ForwardBatch) with `tokens`, the sampled
+    tokens of `step`. False when they are not those of batch.prev_step: the placeholders
+    become 0 (a stale batch; the core ignores its result)."""
+    if batch.prev_step < 0:
+        return True
+    ok = tokens is not None and step == batch.prev_step
+    for name in ("input_ids", "history"):
+        col = getattr(batch, name)
+        if len(col) and min(col) < 0:
+            setattr(batch, name, I32([t if t >= 0 else (tokens[-1 - t] if ok else 0) for t in col]))
+    return ok

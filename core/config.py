@@ -31,6 +31,7 @@ class CoreConfig:
     log_errors: str = "stop"   # "stop" | "serve": see core/steplog.py
     prefix_cache: bool = True
     join: str | None = None    # a frontend's --replica-address (core/frontend_link.py)
+    overlap: bool = True      # plan step N+1 while the worker runs N (core/overlap.py)
 
     def sched_config(self, info: ModelInfo) -> SchedulerConfig:
         limit = min(info.max_model_len, self.max_model_len or info.max_model_len)
@@ -42,7 +43,7 @@ class CoreConfig:
     def make_engine(self, info: ModelInfo, log=None) -> Engine:
         return build_engine(self.sched_config(info), self.prefill, self.max_chunk,
                             info.block_size, info.num_blocks, info.eos_ids, self.seed, log=log,
-                            prefix_cache=self.prefix_cache)
+                            prefix_cache=self.prefix_cache, overlap=self.overlap)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,6 +65,9 @@ def add_sched_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-timeout", type=float, default=60.0)
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="turn the prefix cache off (on by default)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="plan each step only after the last one's tokens came back"
+                        " (by default step N+1 is planned while the worker runs N)")
 
 
 def config_from_args(a: argparse.Namespace) -> CoreConfig:
@@ -74,7 +78,8 @@ def config_from_args(a: argparse.Namespace) -> CoreConfig:
                       max_model_len=a.max_model_len, preempt_margin=a.preempt_margin,
                       prefill=a.prefill, max_chunk=a.max_chunk, seed=a.seed,
                       step_timeout=a.step_timeout, log=a.log, log_errors=a.log_errors,
-                      prefix_cache=a.prefix_cache, join=getattr(a, "join", None))
+                      prefix_cache=a.prefix_cache, overlap=a.overlap,
+                      join=getattr(a, "join", None))
 
 
 def package_versions() -> dict:
@@ -107,7 +112,8 @@ def log_meta(cfg: CoreConfig, info: ModelInfo) -> dict:
             "dtype": info.dtype, "block_size": info.block_size, "num_blocks": info.num_blocks,
             "model_info": asdict(info), "sched_config": sc,
             "prefill": {"kind": cfg.prefill, "max_chunk": cfg.max_chunk}, "seed": cfg.seed,
-            "prefix_cache": cfg.prefix_cache, "start_time": time.time()}
+            "prefix_cache": cfg.prefix_cache, "overlap": cfg.overlap,
+            "start_time": time.time()}
 
 
 def engine_from_meta(meta: dict, runner=None, log=None) -> Engine:
@@ -117,16 +123,20 @@ def engine_from_meta(meta: dict, runner=None, log=None) -> Engine:
     pf = meta["prefill"]
     return build_engine(SchedulerConfig(**sc), pf["kind"], pf["max_chunk"], meta["block_size"],
                         meta["num_blocks"], meta["model_info"]["eos_ids"], meta["seed"],
-                        runner, log, prefix_cache=meta.get("prefix_cache", False))
+                        runner, log, prefix_cache=meta.get("prefix_cache", False),
+                        overlap=meta.get("overlap", False))
 
 
 def build_engine(sched_config: SchedulerConfig, prefill: str, max_chunk: int, block_size: int,
                  num_blocks: int, eos_ids, seed: int, runner=None, log=None,
-                 prefix_cache: bool = False) -> Engine:
+                 prefix_cache: bool = False, overlap: bool = False) -> Engine:
     """The engine of CoreConfig.make_engine and engine_from_meta: `prefill` is "chunked"
     (chunks of at most max_chunk tokens) or "whole"; block ids 0..num_blocks-1. Logs made
-    before the prefix cache existed have no `prefix_cache` key: they ran without it."""
+    before the prefix cache existed have no `prefix_cache` key: they ran without it, and
+    logs made before overlapped scheduling have no `overlap` key."""
     policy = Chunked(max_chunk) if prefill == "chunked" else WholePrompt()
     pool = (PrefixCacheBlocks if prefix_cache else FreeListBlocks)(block_size, range(num_blocks))
     sched = Scheduler(sched_config, pool, policy)
-    return Engine(sched, runner, eos_ids=eos_ids, seed=seed, log=log)
+    from core.overlap import OverlapEngine   # it subclasses Engine, which this module imports
+    return (OverlapEngine if overlap else Engine)(sched, runner, eos_ids=eos_ids, seed=seed,
+                                                   log=log)

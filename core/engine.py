@@ -58,11 +58,20 @@ def schedule_json(out: ScheduleOutput, hits=()) -> dict:
     return doc
 
 
+HASH_PIECE = 2047   # hashlib lets the GIL go for an update of 2 KiB or more
+
+
 def state_hash(prev: str, snapshot, sched_doc: dict, outputs: list) -> str:
     """The previous hash chained with the scheduler's state after the step (msgpack is
-    a canonical, fast serialization of these plain tuples, lists, ints and bools)."""
+    a canonical, fast serialization of these plain tuples, lists, ints and bools).
+
+    Fed in pieces under 2 KiB, which hashlib hashes without letting the GIL go: taking it
+    back from the busy log writer thread would cost the step loop up to a switch interval,
+    for a hash that takes microseconds (the digest is the same)."""
     h = hashlib.blake2b(prev.encode(), digest_size=16)
-    h.update(msgpack.packb((snapshot, sched_doc, outputs)))
+    data = memoryview(msgpack.packb((snapshot, sched_doc, outputs)))
+    for i in range(0, len(data), HASH_PIECE):
+        h.update(data[i:i + HASH_PIECE])
     return h.hexdigest()
 
 
@@ -95,17 +104,6 @@ class _Live:
     output: list[int] = field(default_factory=list)
 
 
-class _View:
-    """seq_id -> one attribute of its live entry, without copying the table every step."""
-
-    def __init__(self, live: dict, attr: str):
-        self.live, self.attr = live, attr
-
-    def get(self, seq_id: int, default=None):
-        live = self.live.get(seq_id)
-        return getattr(live, self.attr) if live is not None else default
-
-
 @dataclass
 class Extras:
     """A step's per-row logprobs (StepResult's columns), for the events of its tokens."""
@@ -114,6 +112,8 @@ class Extras:
 
 
 class Engine:
+    overlap = False   # core/overlap.py's OverlapEngine plans a step while the last one runs
+
     def __init__(self, sched: Scheduler, runner=None, *, eos_ids=(), seed: int = 0, log=None):
         self.sched, self.runner = sched, runner
         self.eos_ids = frozenset(eos_ids)
@@ -125,10 +125,15 @@ class Engine:
         self.last_schedule: ScheduleOutput | None = None
         self.last_hits: list[list[int]] = []   # the last plan's prefix-cache hits
         self._planned: tuple[ScheduleOutput, int, float] | None = None
-        self._sampling = _View(self.live, "sampling")
-        self._stop_ids = _View(self.live, "stop_ids")
+        # seq_id -> its live entry's sampling / stop_ids: plain dicts, read per row per step
+        self._sampling: dict[int, SamplingParams] = {}
+        self._stop_ids: dict[int, frozenset[int]] = {}
         self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
         self.extras: Extras | None = None               # the last committed step's logprobs
+
+    def busy(self) -> bool:
+        """Some request is unfinished (or, overlapped, a step is in flight)."""
+        return self.sched.has_unfinished()
 
     @property
     def step_no(self) -> int:
@@ -148,6 +153,7 @@ class Engine:
             sampling = replace(sampling, seed=derive_seed(self.seed, seq_id))
         step = self.step_no
         stops = frozenset(sampling.stop_token_ids or ()).union(() if ignore_eos else self.eos_ids)
+        self._sampling[seq_id], self._stop_ids[seq_id] = sampling, stops
         self.live[seq_id] = _Live(sampling, stops,
                                   RequestClock(time.monotonic(), step, req.priority))
         self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos, user,
@@ -165,7 +171,7 @@ class Engine:
         return self._end(seq_id, "stop", num_tokens)
 
     def _end(self, seq_id: int, kind: str, num_tokens: int | None) -> dict | None:
-        live = self.live.pop(seq_id, None)
+        live = self._pop(seq_id)
         if live is None:
             return None
         self.sched.abort(seq_id)
@@ -218,14 +224,21 @@ class Engine:
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
         self.extras = (_extras(ids, result, self._sampling)
                        if result is not None and len(result.logprobs) else None)
-        stops = self._stop_ids.get
-        outputs = [StepOutput(seq_id, tok, tok in stops(seq_id, ())) for seq_id, tok in zip(ids, tokens)]
+        outputs, outs = self._outputs(ids, tokens)
         events = self.sched.on_step(outputs)
         if abandoned:
             self._forget_cache()
-        self._record(step, out, outputs, t0)
+        self._record(step, out, outs, t0)
         self._finish(events, step)
         return events
+
+    def abandon(self) -> None:
+        """Drop the planned step: its batch failed to build, or its worker died."""
+        self.commit(None)
+
+    def lose_worker(self) -> None:
+        """The worker died: what it was given is lost (a restart follows)."""
+        self.commit(None)
 
     def step(self) -> list:
         batch = self.plan()
@@ -241,7 +254,7 @@ class Engine:
         """Step until nothing is unfinished; the generated tokens of each finished request."""
         done: dict[int, list[int]] = {}
         n = 0
-        while self.sched.has_unfinished() and (max_steps is None or n < max_steps):
+        while self.busy() and (max_steps is None or n < max_steps):
             outs = {seq_id: live.output for seq_id, live in self.live.items()}
             for ev in self.step():
                 if isinstance(ev, Finished):
@@ -270,9 +283,11 @@ class Engine:
             if live is not None:
                 live.clock.preemptions += 1
 
-    def _record(self, step: int, out: ScheduleOutput, outputs: list, t0: float) -> None:
-        doc = schedule_json(out, self.last_hits)
-        outs = [[o.id, o.token, o.stop] for o in outputs]
+    def _record(self, step: int, out: ScheduleOutput, outs: list, t0: float,
+                hits=None) -> None:
+        """outs: [id, token, stop] per sampled row; `hits`: the step's prefix-cache hits
+        (default: the last plan's)."""
+        doc = schedule_json(out, self.last_hits if hits is None else hits)
         snapshot = self.sched.snapshot()
         summary = getattr(self.sched.blocks, "summary", None)
         if summary is not None:   # the cache's state too (absent without one: old hashes hold)
@@ -284,6 +299,17 @@ class Engine:
         self.log.step(StepRecord(step, time.time(), ms, doc, outs, st.free_blocks, st.running,
                                  st.waiting, self.last_hash))
 
+    def _pop(self, seq_id: int) -> _Live | None:
+        self._sampling.pop(seq_id, None)
+        self._stop_ids.pop(seq_id, None)
+        return self.live.pop(seq_id, None)
+
+    def _outputs(self, ids, tokens) -> tuple[list[StepOutput], list]:
+        """The StepOutputs of a step's tokens, and the same as the log's [id, token, stop]."""
+        stops = self._stop_ids.get
+        flags = [t in stops(i, ()) for i, t in zip(ids, tokens)]
+        return list(map(StepOutput, ids, tokens, flags)), list(zip(ids, tokens, flags))
+
     def _finish(self, events: list, step: int) -> None:
         live_of = self.live.get
         for ev in events:
@@ -292,13 +318,13 @@ class Engine:
                 if live is not None:
                     live.output.append(ev.token)
             else:
-                live = self.live.pop(ev.id, None)
+                live = self._pop(ev.id)
                 if live is not None:
                     self.log.finish(ev.id, step, ev.reason.value, live.output)
                     self.finished_metrics[ev.id] = self._figures(ev.id, live)
 
 
-def _extras(ids: list[int], result, sampling: _View) -> Extras:
+def _extras(ids: list[int], result, sampling: dict) -> Extras:
     """StepResult's logprob columns (see core/ipc/protocol.py) keyed by request id: the
     rows that asked (a number, not NaN) each have their request's `logprobs` alternatives."""
     lps, top, at = {}, {}, 0

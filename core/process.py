@@ -119,7 +119,7 @@ class CoreLoop:
         t0 = time.monotonic()
         _log(f"worker {self.worker_pid} lost ({why}); waiting for a new one")
         if abandon:
-            self.engine.commit(None)
+            self.engine.lose_worker()
         msg = self.wait_worker(RESTART_WAIT_S)
         if (msg.info.num_blocks, msg.info.block_size) != (self.info.num_blocks, self.info.block_size):
             raise WorkerLost("the new worker's KV pool differs from the old one's")
@@ -134,14 +134,14 @@ class CoreLoop:
     def run(self) -> None:
         self.start()
         while True:
-            busy = self.engine.sched.has_unfinished()
+            busy = self.engine.busy()
             if not busy:
                 self.engine.log.flush()
             self.drain_inputs(block_ms=0 if busy else 1000)
             if not busy and not pid_alive(self.worker_pid):
                 self.replace_worker("it exited while idle", abandon=False)
             self.shed()
-            if self.engine.sched.has_unfinished():
+            if self.engine.busy():
                 self.step()
 
     def announce(self) -> None:
@@ -253,6 +253,9 @@ class CoreLoop:
             self.drop(seq_id, Rejected(fid=0, code=503, message=why))
 
     def step(self) -> None:
+        if self.engine.overlap:
+            self.step_overlapped()
+            return
         try:
             batch = self.engine.plan()
         except Exception as e:  # a bug must fail the step's requests, not the engine
@@ -265,11 +268,37 @@ class CoreLoop:
             return
         self.publish(self.engine.commit(result.tokens if result else [], result))
 
+    def step_overlapped(self) -> None:
+        """Plan step N+1 while the worker runs N; send N+1 as soon as N's tokens are back,
+        then settle N and launch N+1 (docs/DESIGN.md, "Overlapped scheduling")."""
+        eng = self.engine
+        failed = None
+        try:
+            batch = eng.plan()
+        except Exception as e:  # a bug must fail the step's requests, not the engine
+            batch, failed = None, e
+        send = batch is not None and batch.num_seqs
+        if eng.inflight is not None:
+            try:
+                result = self.wait_result(eng.inflight.step, len(eng.inflight.ids))
+            except WorkerDied as e:
+                self.replace_worker(str(e))
+                return
+            if send:
+                self.wk_out.send(batch)
+            self.publish(eng.settle(result.tokens, result))
+        elif send:
+            self.wk_out.send(batch)
+        if failed is not None:
+            self.fail_step(failed)
+        else:
+            self.publish(eng.launch())
+
     def fail_step(self, e: Exception) -> None:
         """The planned step could not be built: abandon it and fail the requests in it
         with an error reply (their aborts are logged); every other request runs on."""
         out = self.engine.last_schedule
-        self.engine.commit(None)
+        self.engine.abandon()
         suspects = [*out.decode, *(c.id for c in out.prefill)]
         _log(f"step failed ({e!r}): failing request(s) {sorted(set(suspects))}")
         for seq_id in dict.fromkeys(suspects):
@@ -289,6 +318,10 @@ class CoreLoop:
     def forward(self, batch) -> StepResult:
         """The worker's result for `batch`; WorkerDied if it dies or hangs meanwhile."""
         self.wk_out.send(batch)
+        return self.wait_result(batch.step, len(batch.sample_rows))
+
+    def wait_result(self, step: int, rows: int) -> StepResult:
+        """The worker's result for `step` (`rows` tokens); WorkerDied if it dies or hangs."""
         deadline = time.monotonic() + self.cfg.step_timeout
         while True:
             ready = dict(self._step_poll.poll(int(WORKER_CHECK_S * 1000)))
@@ -297,18 +330,18 @@ class CoreLoop:
                 self.collect_inputs()
             if self.wk_in.sock in ready:
                 msg = self.wk_in.recv()
-                if isinstance(msg, StepResult) and msg.step == batch.step:
-                    if len(msg.tokens) != len(batch.sample_rows):
-                        raise WorkerDied(f"bad result for step {batch.step}")
+                if isinstance(msg, StepResult) and msg.step == step:
+                    if len(msg.tokens) != rows:
+                        raise WorkerDied(f"bad result for step {step}")
                     return msg
                 if isinstance(msg, WorkerReady):  # a new worker: the old one is gone
                     self._ready_pending = msg
                     raise WorkerDied("a new worker announced itself")
             if not pid_alive(self.worker_pid):
-                raise WorkerDied(f"it exited during step {batch.step}")
+                raise WorkerDied(f"it exited during step {step}")
             if time.monotonic() > deadline:
                 _kill(self.worker_pid)
-                raise WorkerDied(f"step {batch.step} took over {self.cfg.step_timeout}s")
+                raise WorkerDied(f"step {step} took over {self.cfg.step_timeout}s")
 
     def publish(self, events: list) -> None:
         fids, tokens, finished = I32(), I32(), []

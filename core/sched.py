@@ -33,7 +33,7 @@ __all__ = [
 
 class _Req:
     __slots__ = ("id", "tokens", "n", "c", "prompt_len", "max_tokens", "key", "arrival",
-                 "limit", "rank", "handle", "running", "sample_at")
+                 "limit", "rank", "handle", "running", "sample_at", "ahead")
 
     def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
                  key: int, arrival: int):
@@ -50,6 +50,7 @@ class _Req:
         self.handle = None          # the waiting heap's handle while waiting
         self.running = False
         self.sample_at = -1         # the step whose output may carry this request's token
+        self.ahead = -1             # the step whose token is tokens[-1], a placeholder till settled
 
 
 _RANK = attrgetter("rank")
@@ -226,6 +227,8 @@ class Scheduler:
         for r in self._running:
             d = r.n - r.c
             if d == 1:
+                if r.n >= r.limit:
+                    continue  # held: its last token is in flight (on_step_ahead)
                 if budget == 0:
                     break
                 try:
@@ -329,14 +332,7 @@ class Scheduler:
         Outputs for requests that did not sample in that step are ignored. A sampling row
         (decode or last chunk) left without an output is not advanced: it runs again.
         """
-        computed = None if self._prefix is None else self._prefix.computed
-        B = self.blocks.block_tokens()
-        for r, ch in self._last_chunks:
-            if not ch.last:
-                r.c += ch.length
-                if computed is not None and r.c // B > ch.start // B:
-                    computed(r.id, r.tokens, r.c)  # its full blocks become cached at once
-        self._last_chunks = _NOTHING
+        computed, B = self._advance_chunks()
         step = self._steps - 1
         get = self._reqs.get
         events: list[TokenEvent | Finished] = []
@@ -364,6 +360,81 @@ class Scheduler:
         if finished:  # one pass, not a list.remove per finished request
             self._running = [r for r in self._running if r.running]
         return events
+
+    def _advance_chunks(self):
+        """The last schedule's chunks that do not sample advance; (computed hook, B)."""
+        computed = None if self._prefix is None else self._prefix.computed
+        B = self.blocks.block_tokens()
+        for r, ch in self._last_chunks:
+            if not ch.last:
+                r.c += ch.length
+                if computed is not None and r.c // B > ch.start // B:
+                    computed(r.id, r.tokens, r.c)  # its full blocks become cached at once
+        self._last_chunks = _NOTHING
+        return computed, B
+
+    # ---------------------------------------------- overlapped scheduling (docs/DESIGN.md)
+
+    def on_step_ahead(self, ids: Sequence[RequestId]) -> None:
+        """The last schedule is running and its tokens are not known yet: advance it as
+        on_step would, with the placeholder -1 - j as the token of sample row j (ids[j]).
+        Nothing finishes here; a request at its limit is held (not scheduled) until `settle`
+        (docs/DESIGN.md, "Overlapped scheduling")."""
+        computed, B = self._advance_chunks()
+        step = self._steps - 1
+        get = self._reqs.get
+        for j, id in enumerate(ids):
+            r = get(id)
+            if r is None or r.sample_at != step:
+                continue
+            r.sample_at = -1
+            n = r.n
+            if computed is not None and n // B > r.c // B:
+                computed(r.id, r.tokens, n)  # tokens[:n] are real: the last settle came first
+            r.c = n
+            r.tokens.append(-1 - j)
+            r.n = n + 1
+            r.ahead = step
+
+    def settle(self, step: int, outputs: Sequence[StepOutput]) -> list[TokenEvent | Finished]:
+        """The tokens of `step`, advanced by on_step_ahead: each replaces its placeholder
+        (still the request's last token) and may finish the request, running or preempted
+        meanwhile. Outputs of requests aborted or finished since are ignored."""
+        get = self._reqs.get
+        events: list[TokenEvent | Finished] = []
+        finished = False
+        for o in outputs:
+            r = get(o.id)
+            if r is None or r.ahead != step:
+                continue
+            r.ahead = -1
+            r.tokens[-1] = o.token
+            events.append(TokenEvent(r.id, o.token))
+            reason = (FinishReason.STOP if o.stop else
+                      FinishReason.LENGTH if r.n >= r.limit else None)
+            if reason is None:
+                continue
+            if r.running:
+                self._finish(r, reason, events)
+                finished = True
+            else:   # preempted while its token was in flight: it holds no blocks
+                self._waiting.remove(r.handle)
+                r.handle = None
+                del self._reqs[r.id]
+                self._finished += 1
+                events.append(Finished(r.id, reason))
+        if finished:
+            self._running = [r for r in self._running if r.running]
+        return events
+
+    def rollback(self, step: int) -> None:
+        """`step` was lost with its worker: its placeholders go; a restart follows."""
+        for r in self._reqs.values():
+            if r.ahead == step:
+                r.ahead = -1
+                r.tokens.pop()
+                r.n -= 1
+                r.c = min(r.c, r.n - 1)
 
     # ------------------------------------------------------------------ moves
 

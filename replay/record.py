@@ -28,7 +28,8 @@ class Scenario:
 
 
 def _cfg(**kw) -> CoreConfig:
-    return CoreConfig("-", "-", "-", "-", **{"prefix_cache": False, **kw})
+    """The golden logs were recorded without the prefix cache and without overlap."""
+    return CoreConfig("-", "-", "-", "-", **{"prefix_cache": False, "overlap": False, **kw})
 
 
 def _info(num_blocks: int, block_size: int = 4) -> ModelInfo:
@@ -75,7 +76,7 @@ def record(sc: Scenario, path: Path, runner=None) -> dict[int, list[int]]:
     ids: list[int] = []
     arrivals, aborts = list(sc.arrivals), list(sc.aborts)
     try:
-        while arrivals or aborts or engine.sched.has_unfinished():
+        while arrivals or aborts or engine.busy():
             step = engine.step_no
             while arrivals and arrivals[0][0] <= step:
                 _, prompt, max_tokens, prio = arrivals.pop(0)

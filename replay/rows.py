@@ -9,7 +9,8 @@ from core.sched import SchedPolicy, SchedulerConfig
 from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
                            optional, parsed, rows, text)
 
-INPUT_KINDS = {"add", "abort", "stop", "restart"}   # stop: a stop string ended it
+# stop: a stop string ended it; abandon: an overlapped step dropped unlaunched (core/overlap.py)
+INPUT_KINDS = {"add", "abort", "stop", "restart", "abandon"}
 FINISH_REASONS = {"stop", "length", "abort"}
 SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
             "seed": lambda v, w: optional(integer, v, w), "ignore_eos": boolean,
@@ -40,6 +41,8 @@ def check_meta(meta: dict) -> dict:
     pf = mapping(meta["prefill"], "meta prefill", ("kind", "max_chunk"))
     one_of(pf["kind"], "meta prefill kind", {"chunked", "whole"})
     integer(pf["max_chunk"], "meta prefill max_chunk", 1)
+    if type(meta.get("overlap", False)) is not bool:
+        raise DamagedLog(f"meta overlap must be true or false, got {meta['overlap']!r}")
     return meta
 
 
@@ -91,7 +94,7 @@ def input_row(step, seq, kind, seq_id, requests: dict) -> tuple[int, str, int | 
     step = integer(step, "an input's step", 0)
     w = f"input {seq} before step {step}"
     one_of(kind, f"{w} kind", INPUT_KINDS)
-    if kind == "restart":
+    if kind in ("restart", "abandon"):
         return step, kind, None
     if seq_id not in requests:
         raise DamagedLog(f"{w} ({kind}) names request {_name(seq_id)}, which the requests"

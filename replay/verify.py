@@ -55,7 +55,7 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
                 return Divergence(step, "input", [f"request {seq_id} was not running to {kind}"])
         elif kind == "restart":
             engine.restart()
-    return None
+    return None  # "abandon" is applied by the step before it (replay/ahead.py)
 
 
 def _diff_schedule(got: dict, want: dict) -> list[str]:
@@ -66,43 +66,67 @@ def _diff_schedule(got: dict, want: dict) -> list[str]:
     return out
 
 
-def _check_step(engine, row: StepRecord, runner) -> Divergence | None:
+def check_plan(engine, row: StepRecord, runner):
+    """Plan the row's step: (batch, the logged tokens or None for an abandoned step,
+    Divergence or None)."""
     batch = engine.plan(build=runner is not None)
     got = schedule_json(engine.last_schedule, engine.last_hits)
     if got != row.schedule:
-        return Divergence(row.step, "schedule", _diff_schedule(got, row.schedule))
+        return batch, None, Divergence(row.step, "schedule", _diff_schedule(got, row.schedule))
     logged = [tok for _, tok, _ in row.outputs]
     ids = sampled_ids(engine.last_schedule)
     if not logged and ids:
         logged = None  # the worker died during this step: the core abandoned it
     elif [o[0] for o in row.outputs] != ids:
-        return Divergence(row.step, "outputs", [f"the log's outputs are for requests"
-                                                f" {[o[0] for o in row.outputs]}, the replay"
-                                                f" samples {ids}"])
+        return batch, None, Divergence(row.step, "outputs", [
+            f"the log's outputs are for requests {[o[0] for o in row.outputs]}, the replay"
+            f" samples {ids}"])
+    return batch, logged, None
+
+
+def check_tokens(batch, logged, row: StepRecord, runner) -> Divergence | None:
     if batch is not None and batch.num_seqs and logged is not None:
         tokens = list(runner.execute(batch))
         if tokens != logged:
             bad = [f"request {o[0]}: replay token {t} != log {o[1]}"
                    for t, o in zip(tokens, row.outputs) if t != o[1]]
             return Divergence(row.step, "tokens", bad)
-    engine.commit(logged)
+    return None
+
+
+def check_hash(engine, row: StepRecord) -> Divergence | None:
     if engine.last_hash != row.hash:
         return Divergence(row.step, "hash", [f"state hash {engine.last_hash} != log {row.hash}"])
     return None
 
 
+def _check_step(engine, row: StepRecord, runner) -> Divergence | None:
+    batch, logged, div = check_plan(engine, row, runner)
+    div = div or check_tokens(batch, logged, row, runner)
+    if div is not None:
+        return div
+    engine.commit(logged)
+    return check_hash(engine, row)
+
+
 def verify(log: LogFile, runner=None, progress: bool = False) -> Verdict:
     engine = engine_from_meta(log.meta, runner)
+    ahead = None
+    if engine.overlap:
+        from replay.ahead import Ahead  # it uses this module's checks
+        ahead = Ahead(engine, log, runner)
     n = 0
     bar = Progress(log.num_steps(), "verify", enabled=progress)
     for row in log.steps():
         if row.step != n:
             return Verdict(n, Divergence(n, "steps", [f"step {n} missing (next is {row.step})"]))
-        div = _apply_inputs(engine, log, row.step) or _check_step(engine, row, runner)
+        div = _apply_inputs(engine, log, row.step) or (
+            ahead.check(row) if ahead else _check_step(engine, row, runner))
         if div is not None:
             bar.close()
-            return Verdict(n, div)
+            return Verdict(div.step, div)
         n += 1
         bar.update(n)
     bar.close()
-    return Verdict(n)
+    div = None if ahead is None else _apply_inputs(engine, log, n) or ahead.drain()
+    return Verdict(n if div is None else div.step, div)

@@ -216,7 +216,7 @@ def test_core_refuses_new_requests_and_aborts_those_in_flight(tmp_path, monkeypa
     disk = DiskFull(monkeypatch)
     ctx = zmq.Context()
     ep = [f"ipc://{tmp_path}/{k}" for k in ("fe_in", "fe_out", "wk_in", "wk_out")]
-    cfg = CoreConfig(*ep, max_seqs=8, max_batch_tokens=64)
+    cfg = CoreConfig(*ep, max_seqs=8, max_batch_tokens=64, overlap=False)  # as logfaults.CFG
     loop = CoreLoop(cfg, ctx)
     frontend = Channel(ctx, zmq.PULL, ep[1], bind=False)
     log = StepLog(str(tmp_path / "steps.db"), log_meta(cfg, INFO), max_backlog=200)

@@ -6,6 +6,7 @@ import sys
 
 import zmq
 
+from core.batch import fill_ahead
 from core.ipc.channel import Channel
 from core.ipc.protocol import ForwardBatch, ProtocolError, Shutdown, WorkerReady
 
@@ -21,6 +22,7 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
                   max_bytes=1 << 30)
     try:
         out.send(WorkerReady(info=runner.info, pid=os.getpid()))
+        last = None   # the last StepResult: an overlapped batch's placeholders come from it
         while True:
             try:
                 msg = inp.recv()
@@ -29,7 +31,11 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
                 continue
             if isinstance(msg, Shutdown):
                 return
-            out.send(runner.run(msg))
+            if not fill_ahead(msg, *((last.step, last.tokens) if last else (-1, None))):
+                _log(f"step {msg.step} wants the tokens of step {msg.prev_step}, which this"
+                     " worker did not run: a stale batch, run on zeros")
+            last = runner.run(msg)
+            out.send(last)
     finally:
         out.close()
         inp.close()

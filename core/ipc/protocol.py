@@ -239,6 +239,10 @@ class ForwardBatch:
     generated, its first history_prompt[j] are the prompt; rows without penalties have an
     empty range); banned token ids banned[banned_start[j]:banned_start[j+1]] (min_tokens);
     logprobs[j] = -1 (none) or k (the chosen token's log-probability and the top k).
+
+    Overlapped scheduling (docs/DESIGN.md, "Overlapped scheduling"): a negative entry
+    -1 - j of input_ids or history stands for the token sampled by row j of step
+    `prev_step`, which the worker fills in from its own last StepResult before the forward.
     """
     step: int
     seq_ids: I32
@@ -265,6 +269,7 @@ class ForwardBatch:
     banned: I32 = field(default_factory=I32)
     banned_start: I32 = field(default_factory=I32)
     logprobs: I32 = field(default_factory=I32)
+    prev_step: int = -1
 
     @property
     def num_seqs(self) -> int:

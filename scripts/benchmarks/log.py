@@ -39,7 +39,7 @@ def run(n: int, path: Path | None, checkpoint_s: float = CHECKPOINT_S) -> tuple[
         engine.add(Request(prompt, rng.randint(16, 128)), SamplingParams())
     t0 = time.perf_counter()
     steps, toks = 0, 0
-    while engine.sched.has_unfinished():
+    while engine.busy():
         toks += sum(1 for _ in engine.step() if type(_).__name__ == "TokenEvent")
         steps += 1
     dt = time.perf_counter() - t0

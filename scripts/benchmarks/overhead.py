@@ -21,6 +21,12 @@
    the same ForwardBatches, rebuilt from the step log and re-run offline on a ModelRunner
    (runner.execute alone): `step_over_forward_64`.
 
+The groups run with overlapped scheduling (the default; `--no-overlap` measures without it,
+`--compare` adds a run without it per case: `step_ms_null_N_no_overlap`,
+`step_over_forward_64_no_overlap`). Overlapped, an engine step's work (plan N+1, settle N,
+launch N+1) runs while the worker computes, and the log's duration_ms spans the next step's
+plan, so the breakdown's parts no longer add up to the step: read step_ms.
+
 Requests go through a raw DEALER socket with an unbounded receive queue (`sink`), not
 the client library: at hundreds of thousands of deltas a second an asyncio client falls
 behind, and the frontend's heartbeat then drops it (see the report of issue 6).
@@ -55,6 +61,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="800 null steps, 24 smol steps")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--keep-logs", action="store_true", help="keep the runs' step logs")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="measure the groups with --no-overlap (overlapped scheduling off)")
+    p.add_argument("--compare", action="store_true",
+                   help="also run each group with overlapped scheduling off (its step time"
+                        " as *_no_overlap keys)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     a = p.parse_args(argv)
     if a.quick:
@@ -219,9 +230,11 @@ def replay(log_path, batch: int, runner=None, log_to: str | None = None) -> Repl
     steplog = StepLog(log_to, log.meta) if log_to else None
     try:
         engine = engine_from_meta(log.meta, log=steplog)
+        one = _replay_ahead if engine.overlap else _replay_step
+        ahead: dict = {"pending": None, "prev": (-1, None)}
         for row in rows:
             _apply_inputs(engine, log, row.step)
-            _replay_step(engine, row, runner, is_full(row, batch), out)
+            one(engine, row, runner, is_full(row, batch), out, ahead)
         if steplog is not None:
             steplog.close()
     finally:
@@ -231,7 +244,7 @@ def replay(log_path, batch: int, runner=None, log_to: str | None = None) -> Repl
     return out
 
 
-def _replay_step(engine, row, runner, full: bool, out: Replayed) -> None:
+def _replay_step(engine, row, runner, full: bool, out: Replayed, _ahead) -> None:
     logged = [tok for _, tok, _ in row.outputs]
     t0 = time.perf_counter()
     fb = engine.plan()
@@ -246,6 +259,35 @@ def _replay_step(engine, row, runner, full: bool, out: Replayed) -> None:
         out.engine_ms.append(((t1 - t0) + (t3 - t2)) * 1e3)
         if runner is not None:
             out.forward_ms.append((t2 - t1) * 1e3)
+        if out.batch is None and len(out.engine_ms) > WARM_STEPS:
+            out.batch, out.events = fb, events
+
+
+def _replay_ahead(engine, row, runner, full: bool, out: Replayed, ahead: dict) -> None:
+    """An overlapped log in the core's order (replay/ahead.py): plan this row's step,
+    run and settle the one before it, launch this one. The engine's time is plan + settle
+    + launch; the forward's, the step before's batch."""
+    from core.batch import fill_ahead
+    t0 = time.perf_counter()
+    fb = engine.plan()
+    forward_s, events = 0.0, []
+    if ahead["pending"] is not None:
+        prow, pfb = ahead["pending"]
+        logged = [tok for _, tok, _ in prow.outputs]
+        if runner is not None and pfb.num_seqs:
+            fill_ahead(pfb, *ahead["prev"])
+            t = time.perf_counter()
+            tokens = list(runner.execute(pfb))
+            forward_s = time.perf_counter() - t
+            out.mismatches += tokens != logged
+        ahead["prev"] = (prow.step, logged)
+        events = engine.settle(logged)
+    engine.launch()
+    ahead["pending"] = (row, fb) if engine.inflight is not None else None
+    if full:
+        out.engine_ms.append((time.perf_counter() - t0 - forward_s) * 1e3)
+        if runner is not None:
+            out.forward_ms.append(forward_s * 1e3)
         if out.batch is None and len(out.engine_ms) > WARM_STEPS:
             out.batch, out.events = fb, events
 
@@ -310,7 +352,7 @@ def null_case(a, size: int, tokens) -> dict:
     reqs = fixed_requests(size, NULL_PROMPT, a.steps, tokens)
     blocks = size * (math.ceil((NULL_PROMPT + a.steps + 1) / 16) + 1)
     args = ["--model", "null", "--max-seqs", str(size), "--num-blocks", str(blocks),
-            "--max-batch-tokens", str(max(2048, size))]
+            "--max-batch-tokens", str(max(2048, size))] + ([] if a.overlap else ["--no-overlap"])
     _say(f"== null model, {size} sequences, {a.steps} steps (step log on)")
     on = run_group(args, reqs, True, a.progress, f"null x{size}")
     _say(f"== null model, {size} sequences (--no-log)")
@@ -337,7 +379,17 @@ def null_case(a, size: int, tokens) -> dict:
             "logging_inproc_ms": logging_inproc_ms(on.log, batch, rep),
             "logging_e2e_ms": (on.wall_s - off.wall_s) * 1e3 / max(1, len(rows)),
             "wall_s_log": on.wall_s, "wall_s_no_log": off.wall_s,
-            "codec_ms": codec, "serve_args": args}
+            "codec_ms": codec, "serve_args": args, **no_overlap(a, args, reqs, f"null x{size}")}
+
+
+def no_overlap(a, args: list, reqs, label: str) -> dict:
+    """--compare: the same group with overlapped scheduling off (log on): its step time."""
+    if not a.compare or not a.overlap:
+        return {}
+    _say(f"== {label}, --no-overlap")
+    run = run_group(args + ["--no-overlap"], reqs, True, a.progress, f"{label} no-overlap")
+    rows = _rows(run.log)
+    return {"step_ms_no_overlap": log_step_ms(rows, full_batch(rows))["step_ms"]}
 
 
 # ---------------------------------------------------------------- 2. smol
@@ -349,7 +401,8 @@ def smol_case(a, tokens) -> dict:
     n = a.smol_seqs
     reqs = fixed_requests(n, 32, a.smol_steps, tokens)
     blocks = n * (math.ceil((32 + a.smol_steps + 1) / 16) + 1)
-    args = ["--model", "smol", "--max-seqs", str(n), "--num-blocks", str(blocks)]
+    args = ["--model", "smol", "--max-seqs", str(n), "--num-blocks", str(blocks)] + (
+        [] if a.overlap else ["--no-overlap"])
     _say(f"== smol, {n} sequences, {a.smol_steps} steps")
     run = run_group(args, reqs, True, a.progress, f"smol x{n}")
     rows = _rows(run.log)
@@ -362,7 +415,10 @@ def smol_case(a, tokens) -> dict:
                          max_model_len=meta["model_info"]["max_model_len"])
     rep = replay(run.log, batch, runner)
     fwd = _mean(rep.forward_ms)
-    return {"step_ms": fig["step_ms"], "log_duration_ms": fig["duration_ms"],
+    off = no_overlap(a, args, reqs, f"smol x{n}")
+    if off:
+        off["step_over_forward_no_overlap"] = off["step_ms_no_overlap"] / fwd if fwd else None
+    return {**off, "step_ms": fig["step_ms"], "log_duration_ms": fig["duration_ms"],
             "forward_ms": fwd, "engine_ms": _mean(rep.engine_ms),
             "step_over_forward": fig["step_ms"] / fwd if fwd else float("nan"),
             "batch": batch, "full_batch": batch == n, "steady_steps": fig["steady_steps"],
@@ -390,6 +446,8 @@ def null_table(size: str, b: dict) -> str:
                  share(b["logging_inproc_ms"])))
     rows.append(("logging: log on - off (end to end)", _f(b["logging_e2e_ms"]),
                  share(b["logging_e2e_ms"])))
+    if "step_ms_no_overlap" in b:
+        rows.append(("step with --no-overlap", _f(b["step_ms_no_overlap"]), ""))
     title = f"null model, {b['batch']} running" + ("" if b["full_batch"] else f" (of {size})")
     return bl.table(rows, (title, "ms/step", "share"))
 
@@ -398,7 +456,9 @@ def smol_table(s: dict) -> str:
     return bl.table([("group step (wall-time delta)", _f(s["step_ms"])),
                      ("runner.execute alone (same batches)", _f(s["forward_ms"])),
                      ("engine work (replayed)", _f(s["engine_ms"])),
-                     ("step / forward", _f(s["step_over_forward"]))],
+                     ("step / forward", _f(s["step_over_forward"]))]
+                    + ([("step / forward with --no-overlap", _f(s["step_over_forward_no_overlap"]))]
+                       if "step_over_forward_no_overlap" in s else []),
                     (f"smol, {s['batch']} running", "ms"))
 
 
@@ -441,18 +501,23 @@ def main(argv=None) -> int:
 
 
 def measure(a) -> dict:
-    doc: dict = {"null": {}, "null_steps": a.steps, "smol_steps": a.smol_steps}
+    doc: dict = {"null": {}, "null_steps": a.steps, "smol_steps": a.smol_steps,
+                 "overlap": a.overlap}
     if not a.skip_null:
         facts = bl.model_facts("null")
         tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
         for size in a.sizes:
             doc["null"][str(size)] = b = guarded(null_case, a, size, tokens)
             doc[f"step_ms_null_{size}"] = b.get("step_ms")
+            if "step_ms_no_overlap" in b:
+                doc[f"step_ms_null_{size}_no_overlap"] = b["step_ms_no_overlap"]
     if not a.skip_smol:
         facts = bl.model_facts("smol")
         tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
         doc["smol"] = s = guarded(smol_case, a, tokens)
         doc[f"step_over_forward_{a.smol_seqs}"] = s.get("step_over_forward")
+        if "step_over_forward_no_overlap" in s:
+            doc[f"step_over_forward_{a.smol_seqs}_no_overlap"] = s["step_over_forward_no_overlap"]
     doc["machine"] = bl.machine()
     return doc
 

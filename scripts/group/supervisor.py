@@ -132,6 +132,8 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
         core += ["--log", replica_log(log, k, a.dp), "--log-errors", a.log_errors]
     if not a.prefix_cache:
         core.append("--no-prefix-cache")
+    if not a.overlap:
+        core.append("--no-overlap")
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
                    *worker_args(a)]
     return core, worker

@@ -1,0 +1,141 @@
+"""The engine with overlapped scheduling: step N+1 is planned while the worker runs step N
+(docs/DESIGN.md, "Overlapped scheduling").
+
+A step's life: `plan` (schedule, build the batch) -> `launch` (the scheduler advances it
+with placeholder tokens; the step is now in flight) -> `settle` (its real tokens arrive,
+after the next step was planned: they replace the placeholders, finish requests, and the
+step is logged). The caller's order, which the core, the offline `step` and replay all keep:
+
+    plan N+1, settle N (or roll it back), launch N+1 (or abandon it)
+
+A step with nothing to run is committed at launch. Rows are logged at settle, so the state
+hash of step N is taken after N+1 was planned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.batch import fill_ahead, sampled_ids
+from core.engine import Engine, _extras
+from core.ipc.protocol import ForwardBatch
+from core.sched import ScheduleOutput
+
+ABANDON = "abandon"   # the input logged when a planned step is dropped without launching
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A launched step waiting for its tokens."""
+    out: ScheduleOutput
+    step: int
+    t0: float                # when it was planned (its log row's duration runs from there)
+    ids: list[int]           # its sample rows' requests, in the worker's token order
+    hits: list               # its admissions' prefix-cache hits, for its log row
+
+
+class OverlapEngine(Engine):
+    overlap = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.inflight: InFlight | None = None
+        self._batch: ForwardBatch | None = None   # offline: the launched step's batch
+        self._prev: tuple[int, object] = (-1, None)  # offline: the last step's (step, tokens)
+        self._gone: list[int] = []   # ended requests whose sampling a row in flight may need
+
+    def busy(self) -> bool:
+        return self.inflight is not None or self.sched.has_unfinished()
+
+    def plan(self, build: bool = True) -> ForwardBatch | None:
+        batch = super().plan(build)
+        if batch is not None and self.inflight is not None:
+            batch.prev_step = self.inflight.step
+        return batch
+
+    def launch(self) -> list:
+        """The planned step goes to the worker. One with nothing to run commits at once
+        (its events, none of them tokens); else it is in flight and settles later."""
+        out, step, t0 = self._planned
+        if not out.decode and not out.prefill:   # no rows, so no events: the settled
+            kept = self.extras, self.finished_metrics   # step's logprobs and figures stay
+            events = self.commit([])
+            self.extras, self.finished_metrics = kept
+            return events
+        self._planned = None
+        ids = sampled_ids(out)
+        self.sched.on_step_ahead(ids)
+        self.inflight = InFlight(out, step, t0, ids, self.last_hits)
+        return []
+
+    def abandon(self) -> None:
+        """Drop the planned step without launching it (its batch failed to build, or the
+        step in flight before it was lost); logged, so that replay does the same."""
+        self.log.input(self.step_no, ABANDON, None)
+        self.commit(None)
+
+    def lose_worker(self) -> None:
+        """The step in flight is rolled back, the planned one abandoned."""
+        if self.inflight is not None:
+            self.settle(None)
+        if self._planned is not None:
+            self.abandon()
+
+    def settle(self, tokens, result=None) -> list:
+        """The in-flight step's tokens (None: it was lost with its worker, and its
+        placeholders are rolled back); logs the step, returns the scheduler's events."""
+        f, self.inflight = self.inflight, None
+        gone, self._gone = self._gone, []
+        ids, outs = f.ids, []
+        self.finished_metrics = {}
+        if tokens is None:
+            self.sched.rollback(f.step)
+            self._forget_cache()
+            events, self.extras = [], None
+        else:
+            if len(ids) != len(tokens):
+                raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
+            self.extras = (_extras(ids, result, self._sampling)
+                           if result is not None and len(result.logprobs) else None)
+            outputs, outs = self._outputs(ids, tokens)
+            events = self.sched.settle(f.step, outputs)
+        self._record(f.step, f.out, outs, f.t0, f.hits)
+        self._finish(events, f.step)
+        for seq_id in gone:
+            self._sampling.pop(seq_id, None)
+        return events
+
+    def _pop(self, seq_id: int):
+        """As Engine's, but the request's sampling stays until the step in flight (and,
+        for one ending in a settle, the next one) settles: its row there may have asked
+        for logprobs, whose count lays out the result's alternatives."""
+        self._gone.append(seq_id)
+        self._stop_ids.pop(seq_id, None)
+        return self.live.pop(seq_id, None)
+
+    # ---- offline: the in-process runner runs a step when the next one was planned
+
+    def step(self) -> list:
+        batch = self.plan()
+        events = []
+        if self.inflight is not None:
+            result = self._run(self._batch)
+            events = self.settle(result.tokens, result)
+        events += self.launch()
+        self._batch = batch if self.inflight is not None else None
+        return events
+
+    def _run(self, batch: ForwardBatch):
+        step, tokens = self._prev
+        fill_ahead(batch, step, tokens)
+        run = getattr(self.runner, "run", None)
+        result = run(batch) if run is not None else _Tokens(self.runner.execute(batch))
+        self._prev = (batch.step, result.tokens)
+        return result
+
+
+class _Tokens:
+    """A test runner's bare tokens as a StepResult (no logprobs)."""
+    logprobs = ()
+
+    def __init__(self, tokens):
+        self.tokens = tokens
