@@ -266,6 +266,15 @@ class Frontend:
         for ident in self.inflight.clients():
             if not self.router.send(ident, Pong()):
                 self._client_gone(ident)
+        self._greet_waiting_cores()
+
+    def _greet_waiting_cores(self) -> None:
+        """Hello again, every heartbeat, to each local core not yet ready: its CoreReady is
+        dropped if it answers before our PULL has connected to its PUSH (the Hello travels
+        the other socket). A core answers a repeated Hello from us with CoreReady alone."""
+        for r in self.replicas:
+            if isinstance(r, LocalReplica) and not r.up:
+                r.send(Hello(os.getpid()))
 
     def _client_gone(self, ident: bytes) -> None:
         gone = self.inflight.of_client(ident)
@@ -407,6 +416,8 @@ class Frontend:
         self.router.send(wait.ident, StatsReply(merge(per_replica, os.getpid())))
 
     def _on_ready(self, r: Replica, msg: CoreReady) -> None:
+        if r.up and r.pids.get("core") == msg.pid:
+            return   # an answer to a repeated Hello
         r.ready(msg)
         if self.info is not None:
             log.info("replica %d's core is ready (core pid %d, worker pid %d)", r.index,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from core.ipc.protocol import Delta, Drain, Generate
+from core.ipc.protocol import Delta, Drain, Generate, Hello
 from frontend.client import Client, ClientError
 from tests.fake_core import REPO, FakeCore, FrontendProc, RawClient, make_byte_tokenizer, model_info
 
@@ -35,6 +35,21 @@ def held_core(tmp_path):
     core.start()
     yield core
     core.stop()
+
+
+def test_hello_repeats_until_the_core_answers(tmp_path, held_core):
+    """A core's CoreReady is dropped when it answers before the frontend's PULL connected:
+    the frontend says Hello again every heartbeat until one arrives."""
+    fe = FrontendProc(tmp_path, "--core-in", held_core.core_in, "--core-out",
+                      held_core.core_out, "--address", f"tcp://127.0.0.1:{free_port()}")
+    try:
+        def hellos(_m) -> bool:
+            return sum(isinstance(m, Hello) for m in list(held_core.received)) >= 2
+        assert held_core.wait_for(hellos, 30) is not None
+        held_core.ready.set()
+        assert fe.wait_ready()
+    finally:
+        fe.stop()
 
 
 def test_not_ready_then_ready_then_drain(tmp_path, held_core):
