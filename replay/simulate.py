@@ -68,7 +68,11 @@ class Simulated:
     refused: list[tuple[int, str]] = field(default_factory=list)   # (request id, why)
 
 
-def simulate(sched: Scheduler, reqs: list[TraceRequest], timer) -> Simulated:
+def simulate(sched: Scheduler, reqs: list[TraceRequest], timer,
+             overlap: bool = False) -> Simulated:
+    """`overlap`: the core plans a step while the one before it runs (core/overlap.py), so
+    a request that arrives while step k-1 runs first joins step k+1: the cut-off for step
+    k's queue is when step k-1 started, not when step k does."""
     queue = sorted(reqs, key=lambda r: (r.arrival_s, r.id))
     # a guard: every step computes at least one position; recomputes after preemption
     # cost more, but not fifty times the whole traffic
@@ -76,12 +80,14 @@ def simulate(sched: Scheduler, reqs: list[TraceRequest], timer) -> Simulated:
     req_of: dict[int, TraceRequest] = {}      # the scheduler's id -> the request
     out = Simulated([])
     clock, i, prev = (queue[0].arrival_s if queue else 0.0), 0, 0
+    planned_at = None    # overlap: when the step now planned could first be planned
     while i < len(queue) or sched.has_unfinished():
         if not sched.has_unfinished():
-            clock, prev = max(clock, queue[i].arrival_s), 0
+            clock, prev, planned_at = max(clock, queue[i].arrival_s), 0, None
         ready = clock
         start = ready + timer.gap_s(len(out.steps), prev)
-        while i < len(queue) and queue[i].arrival_s <= start:
+        cutoff = start if planned_at is None else planned_at
+        while i < len(queue) and queue[i].arrival_s <= cutoff:
             r = queue[i]
             i += 1
             try:
@@ -96,6 +102,7 @@ def simulate(sched: Scheduler, reqs: list[TraceRequest], timer) -> Simulated:
         step = _step(sched, req_of, timer, len(out.steps), ready, start, prev)
         out.steps.append(step)
         clock, prev = step.end, len(step.sampled)
+        planned_at = step.start if overlap else None
     return out
 
 

@@ -37,6 +37,8 @@ class Recorded:
 def recorded(log: LogFile) -> Recorded:
     rows = list(log.steps())
     starts = [r.wall_time - r.duration_ms / 1e3 for r in rows]
+    if log.meta.get("overlap"):
+        _unoverlap(rows, starts)
     logged = [r["arrival_time"] for r in log.requests.values() if r.get("arrival_time") is not None]
     origin = min([*logged, *starts[:1]], default=0.0)
     busy = [r.running + r.waiting > 0 for r in rows]   # work left after step k
@@ -70,6 +72,14 @@ def recorded(log: LogFile) -> Recorded:
             tokens[seq_id].append(token)
         prev = len(sampled)
     return Recorded(origin, steps, arrivals, tokens)
+
+
+def _unoverlap(rows: list, starts: list[float]) -> None:
+    """An overlapped log's step k was planned while step k-1 ran, so its plan..settle span
+    (duration_ms) covers part of k-1's: as a timeline of steps one after the other, step k
+    starts when k-1 settled, and its time is the interval between the two settles."""
+    for k in range(1, len(rows)):
+        starts[k] = min(rows[k].wall_time, max(starts[k], rows[k - 1].wall_time))
 
 
 def _arrival(r: dict, rows: list, starts: list[float], busy: list[bool]) -> float | None:

@@ -96,7 +96,8 @@ def predict(log: LogFile, knobs: Knobs = Knobs(), load: float = 1.0,
     before, before_p = (None, None) if trace else recorded_figures(log, rec, detail=True)
     if load != 1.0:
         reqs = scaled(reqs, load)
-    sim = simulate(scheduler_for(log.meta, knobs), reqs, model)
+    sim = simulate(scheduler_for(log.meta, knobs), reqs, model,
+                   overlap=bool(log.meta.get("overlap")))
     args = (sim.steps, {r.id: r.arrival_s for r in reqs}, {r.id: r.priority for r in reqs})
     doc = {"recorded": before, "predicted": metrics(*args),
            "fit": {"r2": round(model.r2, 6), "mape": round(model.mape, 6)}}

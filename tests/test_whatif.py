@@ -263,7 +263,10 @@ def test_a_live_log_is_reproduced_step_for_step(tmp_path):
     reqs, prios = bench.workload(a, (1, 500))
     log = tmp_path / "a" / "steps.db"
     log.parent.mkdir()
-    assert bench.run_live(a, serve_args, "--max-seqs 6", reqs, prios, log, "A") == []
+    # a plain log: an overlapped one plans each step a step ahead, which the simulation only
+    # approximates (test_overlap_delays_an_arrival_by_a_step)
+    assert bench.run_live(a, serve_args, "--max-seqs 6 --no-overlap", reqs, prios, log,
+                          "A") == []
     rec, sim = run(LogFile(str(log)))
     assert len(rec.arrivals) == len(reqs) and shape(sim.steps) == shape(rec.steps)
 
@@ -300,3 +303,35 @@ def test_fit_recovers_known_coefficients_from_a_log(logs, tmp_path):
     model = fit(recorded(LogFile(str(path))).steps)
     assert model.forward == pytest.approx(forward, rel=1e-4)
     assert model.gap == pytest.approx(gap, rel=1e-4)
+
+
+class Constant:
+    """Every step takes 1 s and no gap."""
+    def gap_s(self, k, prev):
+        return 0.0
+
+    def forward_s(self, k, features):
+        return 1.0
+
+
+def test_overlap_delays_an_arrival_by_a_step(logs):
+    """Overlapped, step k is planned while step k-1 runs: a request arriving during step 1
+    (t in (1, 2)) joins step 3 rather than step 2."""
+    from replay.trace import TraceRequest
+    reqs = [TraceRequest(0, 0.0, (1, 2, 3), tuple(range(8))),
+            TraceRequest(1, 1.5, (4, 5, 6), (7, 8))]
+
+    def first_step_of(overlap: bool) -> int:
+        sim = simulate(scheduler_for(logs["preempt"].meta, Knobs()), reqs, Constant(), overlap)
+        return next(k for k, st in enumerate(sim.steps) if any(c[0] == 1 for c in st.prefill))
+    assert (first_step_of(False), first_step_of(True)) == (2, 3)
+
+
+def test_an_overlapped_timeline_has_no_overlapping_steps(tmp_path):
+    """Each step of an overlapped log starts when the one before it settled."""
+    from replay.timeline import _unoverlap
+    from types import SimpleNamespace as Row
+    rows = [Row(wall_time=1.0), Row(wall_time=2.0), Row(wall_time=2.5)]
+    starts = [0.5, 0.8, 2.1]     # step 1 was planned while step 0 ran
+    _unoverlap(rows, starts)
+    assert starts == [0.5, 1.0, 2.1]
