@@ -19,8 +19,9 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (worker/tp.py)")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="a request's logits do not depend on its batch (worker/invariant.py)")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                   help="a request's logits do not depend on its batch (worker/invariant.py);"
+                        " default: on where the model allows it")
     p.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
     p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
                    help="torch.distributed's rendezvous (rank 0 hosts it; default: a free"

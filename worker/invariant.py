@@ -57,6 +57,19 @@ def check_supported(model, kv: torch.Tensor, rep: int, tp: int) -> None:
                              f"({type(mod).__name__}) multiplies by its own {weights[0]}")
 
 
+def supported(model, kv: torch.Tensor, tp: int) -> bool:
+    """Whether the mode can run this model here (the default, where it can: its cost was
+    under 5% on the mixed workload, docs/DESIGN.md "Batch-invariant mode")."""
+    cfg = model.config
+    rep = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None)
+                                      or cfg.num_attention_heads)
+    try:
+        check_supported(model, kv, rep, tp)
+    except ValueError:
+        return False
+    return True
+
+
 def make_invariant(model) -> dict[str, int]:
     """Replace every nn.Linear's forward; returns {layer name: TILE} for the layers that
     need fixed tiles (empty where padding to ROW_ALIGN suffices, as on the CPU measured)."""

@@ -24,14 +24,14 @@ def resolve_model(name: str) -> Path:
 def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                 num_blocks: int | None = None, kv_memory: int | None = None,
                 block_size: int = 16, max_model_len: int | None = None, tp: int = 1,
-                batch_invariant: bool = False):
+                batch_invariant: bool | None = False):
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
     The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
     tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
     kv_memory is then per rank. `batch_invariant`: docs/DESIGN.md, "Batch-invariant mode"
-    (ValueError where it cannot run)."""
+    (ValueError where it cannot run; None: on where it can, off elsewhere)."""
     if model == "null":
-        if batch_invariant:
+        if batch_invariant:   # None (where it can) is off here
             raise ValueError("--batch-invariant needs a model: the null model has no logits")
         from worker.null import NullRunner
         return NullRunner(num_blocks=num_blocks or 256, block_size=block_size,
@@ -54,6 +54,9 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     shape = kv.kv_shape(cfg, tp)
     blocks = kv.size_pool(shape, block_size, torch_dtype, limit, num_blocks, kv_memory)
     cache = kv.allocate(shape, blocks, block_size, torch_dtype, hf.device)
+    if batch_invariant is None:
+        from worker.invariant import supported
+        batch_invariant = supported(hf, cache, tp)
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path), tp=tp,

@@ -70,9 +70,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=None,
                    help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
     p.add_argument("--http-host", default="127.0.0.1")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="a request gives the same bits alone or in any batch (off by default:"
-                        " docs/DESIGN.md, Batch-invariant mode)")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                   help="a request gives the same bits alone or in any batch; default: on"
+                        " where the model allows it (docs/DESIGN.md, Batch-invariant mode)")
     p.add_argument("--dp", type=int, default=1,
                    help="engine replicas (data parallel), each a core and worker of its own")
     p.add_argument("--replica-address", default=None,
@@ -147,8 +147,8 @@ def worker_args(a: argparse.Namespace) -> list[str]:
         out += ["--tp", str(a.tp)]
     if a.nnodes > 1:
         out += ["--dist-init", a.dist_init, "--nnodes", str(a.nnodes)]
-    if a.batch_invariant:
-        out.append("--batch-invariant")
+    if a.batch_invariant is not None:
+        out.append("--batch-invariant" if a.batch_invariant else "--no-batch-invariant")
     for n in ("num_blocks", "kv_memory", "max_model_len"):
         if getattr(a, n) is not None:
             out += [_flag(n), str(getattr(a, n))]
