@@ -154,7 +154,8 @@ def test_a_dead_replica_loses_no_request(tmp_path):
     assert results == want and all(r[0] == "length" for r in want), results
     err = g.stderr.read_text()
     assert "core1 exited" in err
-    assert re.search(r"replica 1's core \(pid \d+\) died: [1-9]\d* request", err), err[-3000:]
+    assert re.search(r"local replica 1's core \(pid \d+\) died or left: [1-9]\d* request",
+                     err), err[-3000:]
     logs = g.logs()
     assert [p.name for p in logs] == ["steps.r0.db", "steps.r1.1.db", "steps.r1.db"]
     for log in logs:

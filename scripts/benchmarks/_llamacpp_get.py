@@ -170,6 +170,7 @@ def check_model(gguf_path: Path, hf_dir: Path) -> dict:
     converter copies as they are against the checkpoint's, bit for bit: the same ids must
     mean the same rows. ValueError on a mismatch; the facts otherwise, with the ids
     llama.cpp treats as end of generation (`eog_ids`)."""
+    ensure_gguf_package()   # a GGUF cached by another checkout's run: this .venv may lack it
     from gguf import GGUFReader
     cfg = json.loads((hf_dir / "config.json").read_text())
     r = GGUFReader(str(gguf_path))
