@@ -131,7 +131,7 @@ def test_linear_rows_ignore_the_row_count(tile):
     """Each row as in a call of its own (of ROW_ALIGN rows, or one tile), at any count."""
     layer = torch.nn.Linear(40, 96)
     if tile is None:
-        tile = _plan(layer)   # padding suffices on the CPUs measured; the check decides
+        tile = _plan(layer.weight, layer.bias)   # padding suffices on the CPUs measured
     w, b = layer.weight.detach(), layer.bias.detach()
     x = torch.randn(300, 40)
     one = torch.cat([row_linear(x[i:i + 1], w, b, tile) for i in range(300)])
@@ -215,3 +215,12 @@ def test_rerun_names_the_first_differing_token():
     assert Rerun([1, 2, 3], [1, 2, 3]).first_difference() is None
     assert Rerun([1, 2, 3], [1, 5, 3]).first_difference() == 1
     assert Rerun([1, 2, 3], [1, 2]).first_difference() == 2   # the re-run stopped early
+
+
+def test_dense_linears_alone_equal_mixed(monkeypatch):
+    """Without packed weights (TL_PACKED=0) the mode pads MKL's calls instead."""
+    monkeypatch.setenv("TL_PACKED", "0")
+    runner = make_runner("tiny", num_blocks=96, batch_invariant=True)
+    assert not any(isinstance(m.weight, torch.Tensor) and m.weight.layout == torch._mkldnn
+                   for m in runner.model.modules() if isinstance(m, torch.nn.Linear))
+    assert_invariant(runner, 512, n=16, compared=4, num_blocks=12)

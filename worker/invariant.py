@@ -19,10 +19,10 @@ invariant in torch's CPU kernels (checked by tests/test_invariant.py end to end)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from worker import archs, native
+from worker.packed import linear
 
 ROW_ALIGN = 4   # calls of a multiple of 4 rows agree row by row, whatever the count
 TILE = 64       # the fallback: every call exactly this many rows
@@ -71,8 +71,9 @@ def supported(model, kv: torch.Tensor, tp: int) -> bool:
 
 
 def make_invariant(model) -> dict[str, int]:
-    """Replace every nn.Linear's forward; returns {layer name: TILE} for the layers that
-    need fixed tiles (empty where padding to ROW_ALIGN suffices, as on the CPU measured)."""
+    """Replace every nn.Linear's forward (dense weights; worker/packed.py takes `matmul_plan`
+    instead); returns {layer name: TILE} for the layers that need fixed tiles (empty where
+    padding to ROW_ALIGN suffices, as on the CPU measured)."""
     plans: dict[tuple, int | None] = {}
     tiled = {}
     for name, mod in model.named_modules():
@@ -80,12 +81,18 @@ def make_invariant(model) -> dict[str, int]:
             continue
         shape = (mod.in_features, mod.out_features, mod.bias is not None)
         if shape not in plans:
-            plans[shape] = _plan(mod)
+            plans[shape] = _plan(mod.weight, mod.bias)
         tile = plans[shape]
         if tile:
             tiled[name] = tile
         mod.forward = _forward(mod, tile)
     return tiled
+
+
+def matmul_plan(weight: torch.Tensor, bias: torch.Tensor | None):
+    """The row-invariant matmul for this (packed or dense) weight: worker/packed.py's plan."""
+    tile = _plan(weight, bias)
+    return lambda x, w, b: row_linear(x, w, b, tile)
 
 
 def _forward(mod: nn.Linear, tile: int | None):
@@ -96,49 +103,51 @@ def _forward(mod: nn.Linear, tile: int | None):
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                tile: int | None = None) -> torch.Tensor:
-    """F.linear whose rows do not depend on the call's row count: a multiple of ROW_ALIGN
-    rows per call, or exactly `tile` rows per call."""
+    """A linear (dense or packed weight, worker/packed.py) whose rows do not depend on the
+    call's row count: a multiple of ROW_ALIGN rows per call, or exactly `tile` rows."""
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k)
     rows = flat.shape[0]
     size = tile or ROW_ALIGN
     if rows == 0 or (tile is None and rows % ROW_ALIGN == 0):
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias)
     padded = -(-rows // size) * size
     if padded != rows:
         flat = torch.cat([flat, flat.new_zeros(padded - rows, k)])
     if tile is None:
-        out = F.linear(flat, weight, bias)
+        out = linear(flat, weight, bias)
     else:
-        out = torch.cat([F.linear(flat[i:i + tile], weight, bias)
+        out = torch.cat([linear(flat[i:i + tile], weight, bias)
                          for i in range(0, padded, tile)])
     return out[:rows].view(*lead, -1)
 
 
-def _plan(mod: nn.Linear) -> int | None:
+def _plan(weight: torch.Tensor, bias: torch.Tensor | None) -> int | None:
     """None when padding to ROW_ALIGN makes this layer's rows invariant, else TILE when
     fixed tiles do; ValueError when neither does."""
     for tile in (None, TILE):
-        if _invariant(mod, tile):
+        if _invariant(weight, bias, tile):
             return tile
-    raise ValueError(f"--batch-invariant: a linear layer {mod.in_features}x{mod.out_features}"
+    out, k = weight.shape
+    raise ValueError(f"--batch-invariant: a linear layer {k}x{out}"
                      " gives rows that depend on the row count even in fixed tiles here")
 
 
 @torch.inference_mode()
-def _invariant(mod: nn.Linear, tile: int | None) -> bool:
+def _invariant(weight: torch.Tensor, bias: torch.Tensor | None, tile: int | None) -> bool:
     """Whether the first and last ROW_ALIGN rows of calls of many sizes equal the same rows
     computed in a call of their own (fewer rows: the first of them)."""
-    counts = [m for m in CHECK_ROWS if mod.out_features <= LM_HEAD_OUT or m <= 64]
+    out_features, in_features = weight.shape
+    counts = [m for m in CHECK_ROWS if out_features <= LM_HEAD_OUT or m <= 64]
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(counts[-1], mod.in_features, generator=g).to(mod.weight)
-    head = row_linear(x[:ROW_ALIGN], mod.weight, mod.bias, tile)
+    x = torch.randn(counts[-1], in_features, generator=g).to(weight.device, weight.dtype)
+    head = row_linear(x[:ROW_ALIGN], weight, bias, tile)
     for m in counts:
-        out = row_linear(x[:m], mod.weight, mod.bias, tile)
-        tail = row_linear(x[m - ROW_ALIGN:m], mod.weight, mod.bias, tile)
+        out = row_linear(x[:m], weight, bias, tile)
+        tail = row_linear(x[m - ROW_ALIGN:m], weight, bias, tile)
         if not (torch.equal(out[:ROW_ALIGN], head) and torch.equal(out[-ROW_ALIGN:], tail)):
             return False
     for m in range(1, ROW_ALIGN):
-        if not torch.equal(row_linear(x[:m], mod.weight, mod.bias, tile), head[:m]):
+        if not torch.equal(row_linear(x[:m], weight, bias, tile), head[:m]):
             return False
     return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
-from worker import archs, invariant, native
+from worker import archs, invariant, native, packed
 from worker.attention import KWARG
 from worker.handmade import Part, make_batch
 from worker.sampler import sample_step
@@ -26,6 +26,10 @@ class ModelRunner:
         self.per_row = info.batch_invariant   # docs/DESIGN.md, "Batch-invariant mode"
         if self.per_row:
             invariant.check_supported(model, kv, rep, info.tp)
+        if packed.usable(model, info.tp):   # docs/DESIGN.md, "Packed linear layers"
+            groups = packed.siblings(model, self.probe)
+            packed.pack(model, groups, invariant.matmul_plan if self.per_row else packed.dense_plan)
+        elif self.per_row:
             invariant.make_invariant(model)
 
     def probe(self) -> None:

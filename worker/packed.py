@@ -1,0 +1,158 @@
+"""Linear layers on oneDNN's packed weights (CPU, float32, one worker process), with the
+linear layers that read the same input multiplied as one (docs/DESIGN.md, "Packed linear
+layers").
+
+torch's F.linear on the CPU calls MKL, which for the few rows of a decode step runs one
+thread at about 11 GB/s of weights here. oneDNN's matmul on a weight reordered once into its
+blocked layout runs every thread, and runs faster still on one wide weight than on several
+narrow ones: smol's 30 layers at one row take 25 ms as 7 matmuls a layer, 15 ms as 4 (q, k
+and v as one; gate and up as one) with the rows padded to 4, against 48 ms through MKL.
+
+Which layers share an input is traced, not assumed: `siblings` runs one forward and groups
+the consecutive calls that received the very same tensor. At serving time a group's first
+member computes the whole product and its siblings take their columns, but only when they
+are handed that same tensor object; any other input recomputes the product for it. So a
+model whose code path differs from the traced one still gets exact answers.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROWS_HINT = 64   # the row count oneDNN lays the weight out for; measured best from 1 to 1024
+MIN_ROWS = 4     # fewer rows run oneDNN's slower 1-row path: pad (a row's result is the same)
+
+Matmul = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def enabled() -> bool:
+    return os.environ.get("TL_PACKED", "1") != "0"
+
+
+def usable(model, tp: int) -> bool:
+    """CPU float32 with oneDNN, one worker process (a tensor-parallel shard's linear layers
+    belong to transformers' plan), and TL_PACKED not 0."""
+    if not enabled() or tp != 1 or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    p = next(model.parameters())
+    return p.device.type == "cpu" and p.dtype == torch.float32
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    return weight.layout == torch._mkldnn
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear for a dense or a packed weight."""
+    if not is_packed(weight):
+        return F.linear(x, weight, bias)
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if rows == 0:   # oneDNN takes no empty matmul
+        return x.new_zeros(*lead, weight.shape[0])
+    if rows >= MIN_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    flat = torch.cat([x.reshape(rows, k), x.new_zeros(MIN_ROWS - rows, k)])
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    return out[:rows].view(*lead, -1)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ROWS_HINT)
+
+
+def siblings(model, forward: Callable[[], object]) -> list[list[nn.Linear]]:
+    """The model's linear layers in groups that read one tensor, as one `forward` calls
+    them; a layer called more than once there stands alone."""
+    calls: list[tuple[nn.Linear, torch.Tensor]] = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: calls.append((mod, args[0])))
+             for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    once = {m for m in {id(m) for m, _ in calls} if sum(id(c) == m for c, _ in calls) == 1}
+    groups: list[list[nn.Linear]] = []
+    prev = None
+    for mod, x in calls:
+        joins = (groups and prev is x and id(mod) in once and id(groups[-1][0]) in once
+                 and _alike(groups[-1][0], mod))
+        if joins:
+            groups[-1].append(mod)
+        else:
+            groups.append([mod])
+        prev = x
+    seen: set[int] = set()
+    return [g for g in groups if not (id(g[0]) in seen or seen.add(id(g[0])))]
+
+
+def _alike(a: nn.Linear, b: nn.Linear) -> bool:
+    return (a.in_features == b.in_features and a.weight.dtype == b.weight.dtype
+            and (a.bias is None) == (b.bias is None))
+
+
+class Fused:
+    """Linear layers that read one input, as one packed weight; member i's forward is
+    `take(i, x)`."""
+
+    def __init__(self, mods: list[nn.Linear], plan: Callable[..., Matmul]):
+        self.weight = pack_weight(torch.cat([m.weight.detach() for m in mods]))
+        self.bias = None if mods[0].bias is None else torch.cat([m.bias.detach() for m in mods])
+        self.matmul = plan(self.weight, self.bias)
+        self.widths = [m.out_features for m in mods]
+        self.x: torch.Tensor | None = None
+        self.outs: list[torch.Tensor | None] = []
+
+    def take(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        if self.x is not x or self.outs[i] is None:
+            y = self.matmul(x, self.weight, self.bias)
+            self.outs = [t.contiguous() for t in y.split(self.widths, dim=-1)]
+            self.x = x
+        out, self.outs[i] = self.outs[i], None
+        if all(o is None for o in self.outs):
+            self.x = None   # every member has its columns: hold nothing between steps
+        return out
+
+
+def dense_plan(weight: torch.Tensor, bias) -> Matmul:
+    return linear
+
+
+def pack(model, groups: list[list[nn.Linear]], plan: Callable[..., Matmul] = dense_plan) -> int:
+    """Pack every nn.Linear of `model` in place, each group of `groups` as one weight;
+    `plan(packed weight, bias)` gives the function that multiplies by it (the batch-invariant
+    mode's row padding, worker/invariant.py). Returns the number of matmuls per forward."""
+    grouped = {id(m) for g in groups for m in g}
+    singles = [[m] for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in grouped]
+    for group in [*groups, *singles]:
+        if len(group) == 1:
+            _pack_one(group[0], plan)
+        else:
+            fused = Fused(group, plan)
+            for i, mod in enumerate(group):
+                _swap(mod, None, lambda x, i=i, f=fused: f.take(i, x))
+    return len(groups) + len(singles)
+
+
+def _pack_one(mod: nn.Linear, plan) -> None:
+    weight = pack_weight(mod.weight)
+    matmul = plan(weight, mod.bias)
+    _swap(mod, weight, lambda x: matmul(x, mod.weight, mod.bias))
+
+
+def _swap(mod: nn.Linear, weight: torch.Tensor | None, forward) -> None:
+    """Drop the dense Parameter (a tied module keeps its own reference) for `weight`: the
+    packed copy, or, for a fused member, a placeholder with the dtype and device only."""
+    dtype, device = mod.weight.dtype, mod.weight.device
+    del mod.weight
+    if weight is None:
+        weight = torch.empty(0, dtype=dtype, device=device)
+    mod.register_buffer("weight", weight, persistent=False)
+    mod.forward = forward
