@@ -1,21 +1,29 @@
 """The step-time model: how long a step takes for the work it holds, fitted by least squares
 over a log's own steps (docs/DESIGN.md, "What-if replay").
 
-A step's time from `ready` to `end` has two parts, each linear in its features with
-non-negative coefficients (more work never takes less time):
+A step's time from `ready` to `end` has two parts, each linear in its features:
   gap      ready -> plan: publishing the previous step's tokens, reading inputs, the loop;
   forward  plan -> commit: scheduling, the batch, the model, sampling.
+The per-unit costs of work (the gap's features, and the forward's up to `decode_ctx_k`) are
+non-negative: more work never takes less time. The forward's cost in the step's token count
+is piecewise linear, bending every ROW_ALIGN tokens up to 64 and at 128 and 256 (the
+`tokens_over_*` features, free of sign): the linear layers' time is flat while they read
+weights and rises once rows fill the matmul, and the worker pads rows to a multiple of 4.
 `RecordedTimes` is the other timer a simulation takes: each recorded step's own times.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from replay.timeline import Step
 from replay.trace import TraceError
 
-FORWARD = ("const", "prefill_tokens", "prefill_attn_k", "prefill_seqs", "decode_rows",
-           "decode_ctx_k")
+WORK = ("const", "prefill_tokens", "prefill_attn_k", "prefill_seqs", "decode_rows",
+        "decode_ctx_k")
+ROW_ALIGN = 4        # the worker's linear layers run on row counts padded to a multiple of 4
+KNOTS = (*range(ROW_ALIGN, 65, ROW_ALIGN), 128, 256)
+FORWARD = (*WORK, *(f"tokens_over_{k}" for k in KNOTS))
 GAP = ("const", "prev_tokens")
 MIN_STEPS = 30       # usable steps below which a fit is refused
 HOLD_OUT = 5         # every 5th usable step is held out for the error estimate
@@ -24,10 +32,13 @@ OUTLIER = 10         # a step this many median absolute residuals slow is a hicc
 
 def forward_features(prefill, decode_ctx) -> list[float]:
     """prefill_attn_k: (query, key) pairs of the prefill chunks over 1000 (a chunk of length
-    l from position s attends l*s + l(l+1)/2 keys); decode_ctx_k: keys the decodes attend."""
+    l from position s attends l*s + l(l+1)/2 keys); decode_ctx_k: keys the decodes attend;
+    tokens_over_k: how far the step's tokens, padded to ROW_ALIGN, exceed k."""
     attn = sum(l * s + l * (l + 1) / 2 for _, s, l, _ in prefill)
-    return [1.0, float(sum(c[2] for c in prefill)), attn / 1e3, float(len(prefill)),
-            float(len(decode_ctx)), sum(decode_ctx) / 1e3]
+    tokens = sum(c[2] for c in prefill)
+    padded = -(-(tokens + len(decode_ctx)) // ROW_ALIGN) * ROW_ALIGN
+    return [1.0, float(tokens), attn / 1e3, float(len(prefill)), float(len(decode_ctx)),
+            sum(decode_ctx) / 1e3, *(max(0.0, float(padded - k)) for k in KNOTS)]
 
 
 def gap_features(prev_sampled: int) -> list[float]:
@@ -121,7 +132,7 @@ def _robust(steps: list[Step]) -> tuple[list[float], list[float]]:
 
 def _fit_parts(steps: list[Step]) -> tuple[list[float], list[float]]:
     fwd = nnls([forward_features(s.prefill, s.decode_ctx) for s in steps],
-               [s.end - s.start for s in steps])
+               [s.end - s.start for s in steps], signed=range(len(WORK), len(FORWARD)))
     gap = nnls([gap_features(s.prev_sampled) for s in steps], [s.start - s.ready for s in steps])
     return fwd, gap
 
@@ -131,15 +142,17 @@ def _total(parts, s: Step) -> float:
     return dot(fwd, forward_features(s.prefill, s.decode_ctx)) + dot(gap, gap_features(s.prev_sampled))
 
 
-def nnls(X: list[list[float]], y: list[float]) -> list[float]:
-    """Least squares with every coefficient >= 0: solve, drop the most negative feature,
-    solve again (enough for a handful of features)."""
+def nnls(X: list[list[float]], y: list[float], signed=()) -> list[float]:
+    """Least squares with every coefficient >= 0 but those in `signed`: solve, drop the
+    most negative constrained feature, solve again (enough for a handful of them)."""
     p = len(X[0])
     active = list(range(p))
+    free = set(signed)
     while active:
         beta = lstsq([[row[j] for j in active] for row in X], y)
-        worst = min(range(len(active)), key=beta.__getitem__)
-        if beta[worst] >= 0:
+        held = [i for i, j in enumerate(active) if j not in free]
+        worst = min(held, key=beta.__getitem__, default=None)
+        if worst is None or beta[worst] >= 0:
             out = [0.0] * p
             for j, b in zip(active, beta):
                 out[j] = b
@@ -149,30 +162,31 @@ def nnls(X: list[list[float]], y: list[float]) -> list[float]:
 
 
 def lstsq(X: list[list[float]], y: list[float]) -> list[float]:
-    """The normal equations on columns scaled to at most 1, solved by Gaussian elimination;
-    a column that is all zeros (or a copy of others) gets a coefficient of about 0."""
+    """Least squares by QR (modified Gram-Schmidt, orthogonalized twice) on columns scaled
+    to at most 1; a column (nearly) in the span of those before it, or all zeros, gets 0."""
     p = len(X[0])
     scale = [max((abs(row[j]) for row in X), default=0.0) or 1.0 for j in range(p)]
-    Xs = [[row[j] / scale[j] for j in range(p)] for row in X]
-    A = [[dot((r[i] for r in Xs), (r[j] for r in Xs)) for j in range(p)] for i in range(p)]
-    b = [dot((r[i] for r in Xs), y) for i in range(p)]
-    ridge = 1e-10 * max(len(X), 1)
-    for i in range(p):
-        A[i][i] += ridge
-    return [c / s for c, s in zip(_solve(A, b), scale)]
-
-
-def _solve(A: list[list[float]], b: list[float]) -> list[float]:
-    n = len(b)
-    M = [row[:] + [v] for row, v in zip(A, b)]
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(M[r][col]))
-        M[col], M[piv] = M[piv], M[col]
-        for r in range(col + 1, n):
-            f = M[r][col] / M[col][col]
-            for c in range(col, n + 1):
-                M[r][c] -= f * M[col][c]
-    x = [0.0] * n
-    for i in reversed(range(n)):
-        x[i] = (M[i][n] - sum(M[i][j] * x[j] for j in range(i + 1, n))) / M[i][i]
-    return x
+    kept: list[int] = []
+    Q: list[list[float]] = []
+    R = [[0.0] * p for _ in range(p)]
+    for j in range(p):
+        v = [row[j] / scale[j] for row in X]
+        norm0 = math.sqrt(dot(v, v))
+        for _ in range(2):
+            for i, q in zip(kept, Q):
+                c = dot(q, v)
+                R[i][j] += c
+                v = [a - c * b for a, b in zip(v, q)]
+        norm = math.sqrt(dot(v, v))
+        if norm0 == 0.0 or norm <= 1e-9 * norm0:
+            continue
+        R[j][j] = norm
+        kept.append(j)
+        Q.append([a / norm for a in v])
+    qty = [dot(q, y) for q in Q]
+    beta = [0.0] * p
+    for n in reversed(range(len(kept))):
+        j = kept[n]
+        acc = qty[n] - sum(R[j][k] * beta[k] for k in kept[n + 1:])
+        beta[j] = acc / R[j][j]
+    return [b / s for b, s in zip(beta, scale)]

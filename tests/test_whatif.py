@@ -20,7 +20,7 @@ from replay.logfile import LogFile
 from replay.record import SCENARIOS, Scenario, _cfg, _info
 from replay.runmetrics import metrics, percentile
 from replay.simulate import Knobs, scheduler_for, simulate
-from replay.stepmodel import (FORWARD, GAP, MIN_STEPS, RecordedTimes, fit, forward_features,
+from replay.stepmodel import (FORWARD, GAP, KNOTS, MIN_STEPS, WORK, RecordedTimes, fit, forward_features,
                               gap_features, dot)
 from replay.timeline import Step, recorded
 from replay.trace import TraceError, from_log, read_csv, write_csv
@@ -136,7 +136,7 @@ def synthetic_steps(forward, gap, n=200, seed=3) -> list[Step]:
 
 
 def test_fit_recovers_known_coefficients():
-    forward = (2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5)
+    forward = (2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5) + (0.0,) * len(KNOTS)
     gap = (3e-4, 1e-6)
     model = fit(synthetic_steps(forward, gap))
     assert model.forward == pytest.approx(forward, rel=1e-6)
@@ -147,14 +147,24 @@ def test_fit_recovers_known_coefficients():
 
 def test_fit_keeps_coefficients_non_negative():
     """A feature whose true cost is 0 and that noise would make negative comes out 0."""
-    steps = synthetic_steps((1e-3, 1e-5, 0.0, 0.0, 5e-5, 0.0), (1e-4, 0.0))
+    steps = synthetic_steps((1e-3, 1e-5, 0.0, 0.0, 5e-5, 0.0) + (0.0,) * len(KNOTS), (1e-4, 0.0))
     rng = random.Random(1)
     noisy = [Step(s.ready, s.start, s.start + (s.end - s.start) * rng.uniform(0.97, 1.03),
                   s.prefill, s.decode, s.decode_ctx, s.preempted, s.sampled, s.prev_sampled)
              for s in steps]
     model = fit(noisy)
-    assert min(model.forward) >= 0 and min(model.gap) >= 0
+    assert min(model.forward[:len(WORK)]) >= 0 and min(model.gap) >= 0
     assert model.forward[1] == pytest.approx(1e-5, rel=0.2)
+
+
+def test_fit_follows_a_cost_that_bends_with_the_token_count():
+    """Flat while the weights are read (up to 16 tokens), then rising: the piecewise part
+    recovers it where one slope per token could not."""
+    bend = tuple(3e-4 if k == 16 else 0.0 for k in KNOTS)
+    steps = synthetic_steps((2e-2, 0.0, 0.0, 0.0, 0.0, 1e-5) + bend, (0.0, 0.0), n=300)
+    model = fit(steps)
+    assert model.mape < 1e-6
+    assert model.forward[FORWARD.index("tokens_over_16")] == pytest.approx(3e-4, rel=1e-4)
 
 
 def test_too_short_a_log_is_refused(tmp_path, capsys):
@@ -241,7 +251,7 @@ def test_plot_draws_both_timelines(logs, tmp_path):
 
 
 def test_hiccups_stay_out_of_the_slopes_but_in_the_total():
-    forward, gap = (2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5), (3e-4, 1e-6)
+    forward, gap = (2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5) + (0.0,) * len(KNOTS), (3e-4, 1e-6)
     steps = synthetic_steps(forward, gap)
     slow = {3: 2.5, 50: 0.8}     # a warm-up and a pause, in seconds
     steps = [Step(s.ready, s.start, s.end + slow.get(k, 0.0), s.prefill, s.decode,
@@ -276,7 +286,7 @@ def test_fit_recovers_known_coefficients_from_a_log(logs, tmp_path):
     from the real scheduler re-running the log (not from replay/timeline.py's bookkeeping)."""
     from core.config import engine_from_meta
     from replay.verify import _apply_inputs
-    forward, gap = (1.5e-3, 2e-5, 3e-6, 4e-4, 6e-5, 1e-5), (2e-4, 3e-6)
+    forward, gap = (1.5e-3, 2e-5, 3e-6, 4e-4, 6e-5, 1e-5) + (0.0,) * len(KNOTS), (2e-4, 3e-6)
     path = tmp_path / "synthetic.db"
     shutil.copy(logs["preempt"].path, path)
     log = LogFile(str(path))
