@@ -17,6 +17,7 @@ model whose code path differs from the traced one still gets exact answers.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -78,19 +79,18 @@ def siblings(model, forward: Callable[[], object]) -> list[list[nn.Linear]]:
     finally:
         for h in hooks:
             h.remove()
-    once = {m for m in {id(m) for m, _ in calls} if sum(id(c) == m for c, _ in calls) == 1}
+    count = Counter(id(m) for m, _ in calls)
     groups: list[list[nn.Linear]] = []
     prev = None
     for mod, x in calls:
-        joins = (groups and prev is x and id(mod) in once and id(groups[-1][0]) in once
-                 and _alike(groups[-1][0], mod))
-        if joins:
-            groups[-1].append(mod)
-        else:
+        last = groups[-1] if groups else None
+        if (last and prev is x and count[id(mod)] == count[id(last[0])] == 1
+                and _alike(last[0], mod)):
+            last.append(mod)
+        elif count[id(mod)] == 1 or all(g[0] is not mod for g in groups):
             groups.append([mod])
         prev = x
-    seen: set[int] = set()
-    return [g for g in groups if not (id(g[0]) in seen or seen.add(id(g[0])))]
+    return groups
 
 
 def _alike(a: nn.Linear, b: nn.Linear) -> bool:
@@ -125,20 +125,27 @@ def dense_plan(weight: torch.Tensor, bias) -> Matmul:
     return linear
 
 
-def pack(model, groups: list[list[nn.Linear]], plan: Callable[..., Matmul] = dense_plan) -> int:
+def pack(model, groups: list[list[nn.Linear]], plan: Callable[..., Matmul] = dense_plan) -> None:
     """Pack every nn.Linear of `model` in place, each group of `groups` as one weight;
     `plan(packed weight, bias)` gives the function that multiplies by it (the batch-invariant
-    mode's row padding, worker/invariant.py). Returns the number of matmuls per forward."""
+    mode's row padding, worker/invariant.py), asked once per weight shape."""
+    plans: dict[tuple, Matmul] = {}
+
+    def plan_once(weight: torch.Tensor, bias) -> Matmul:
+        key = (tuple(weight.shape), bias is None)
+        if key not in plans:
+            plans[key] = plan(weight, bias)
+        return plans[key]
+
     grouped = {id(m) for g in groups for m in g}
     singles = [[m] for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in grouped]
     for group in [*groups, *singles]:
         if len(group) == 1:
-            _pack_one(group[0], plan)
+            _pack_one(group[0], plan_once)
         else:
-            fused = Fused(group, plan)
+            fused = Fused(group, plan_once)
             for i, mod in enumerate(group):
                 _swap(mod, None, lambda x, i=i, f=fused: f.take(i, x))
-    return len(groups) + len(singles)
 
 
 def _pack_one(mod: nn.Linear, plan) -> None:
