@@ -269,26 +269,24 @@ class CoreLoop:
         self.publish(self.engine.commit(result.tokens if result else [], result))
 
     def step_overlapped(self) -> None:
-        """Plan step N+1 while the worker runs N; send N+1 as soon as N's tokens are back,
-        then settle N and launch N+1 (docs/DESIGN.md, "Overlapped scheduling")."""
+        """Plan step N+1 while the worker runs N and send it at once, so that it waits in
+        the worker's queue; then wait for N's tokens, settle N and launch N+1
+        (docs/DESIGN.md, "Overlapped scheduling")."""
         eng = self.engine
         failed = None
         try:
             batch = eng.plan()
         except Exception as e:  # a bug must fail the step's requests, not the engine
             batch, failed = None, e
-        send = batch is not None and batch.num_seqs
+        if batch is not None and batch.num_seqs:
+            self.wk_out.send(batch)
         if eng.inflight is not None:
             try:
                 result = self.wait_result(eng.inflight.step, len(eng.inflight.ids))
             except WorkerDied as e:
                 self.replace_worker(str(e))
                 return
-            if send:
-                self.wk_out.send(batch)
             self.publish(eng.settle(result.tokens, result))
-        elif send:
-            self.wk_out.send(batch)
         if failed is not None:
             self.fail_step(failed)
         else:

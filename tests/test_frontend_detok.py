@@ -84,3 +84,30 @@ def test_context_dependent_decoder_matches_decode_with_prompt(prompt, out, cuts)
     pieces, rest = run(metaspace_decode, prompt, split(out, cuts))
     whole, head = metaspace_decode(prompt + out), metaspace_decode(prompt)
     assert "".join(pieces) + rest == whole[len(head):]
+
+
+def test_the_tokenizers_own_decode_equals_transformers_decode():
+    """frontend/tokenizer.py calls the `tokenizers` decode directly where transformers'
+    decode adds nothing: the same text for every id, special or not, both flag values."""
+    import random
+
+    from frontend.tokenizer import Tokenizer
+    from worker.presets import preset_dir
+    for name in ("tiny", "smol"):
+        tok = Tokenizer.load(str(preset_dir(name)))
+        assert tok._rust is not None
+        rng = random.Random(0)
+        size = len(tok._hf)
+        cases = [[i] for i in range(0, size, max(1, size // 500))] + [
+            [rng.randrange(size) for _ in range(rng.randrange(12))] for _ in range(500)]
+        for ids in cases:
+            for skip in (True, False):
+                assert tok.decode(ids, skip) == tok._hf.decode(ids, skip_special_tokens=skip)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_keeps_transformers_decode():
+    from frontend.tokenizer import Tokenizer
+    from worker.presets import preset_dir
+    tok = Tokenizer.load(str(preset_dir("tiny")))
+    tok._hf.clean_up_tokenization_spaces = True
+    assert Tokenizer(tok._hf)._rust is None

@@ -246,3 +246,65 @@ def test_overlapped_log_verifies_with_the_model(tmp_path, tiny):
         c.execute("UPDATE steps SET outputs = ? WHERE step = ?", (json.dumps(o), step))
     v = verify(LogFile(str(path)), runner=tiny)
     assert not v.ok and v.divergence.step == step
+
+
+def test_the_next_batch_is_sent_before_the_step_in_flight_returns(tmp_path):
+    """The core sends N+1 as soon as it is planned, so the worker never waits a round trip
+    for it: a worker that holds each answer until the next batch is there (or a second has
+    passed) finds it there for every step but the last."""
+    import os
+    import threading
+
+    import zmq
+
+    from core.batch import fill_ahead
+    from core.ipc.channel import Channel
+    from core.ipc.protocol import I32, AddRequest, ForwardBatch, StepEvents
+    from core.process import CoreLoop
+
+    ctx = zmq.Context()
+    ep = [f"ipc://{tmp_path}/{k}" for k in ("fe_in", "fe_out", "wk_in", "wk_out")]
+    cfg = CoreConfig(*ep, max_seqs=4, max_batch_tokens=64, overlap=True, step_timeout=30.0)
+    loop = CoreLoop(cfg, ctx)
+    runner = NullRunner(num_blocks=64, block_size=4)
+    loop.engine, loop.info = cfg.make_engine(runner.info, None), runner.info
+    loop.worker_pid = os.getpid()   # the thread below is the worker
+    frontend = Channel(ctx, zmq.PULL, ep[1], bind=False)
+    to_core = Channel(ctx, zmq.PUSH, ep[2], bind=False)
+    from_core = Channel(ctx, zmq.PULL, ep[3], bind=False, accept=(ForwardBatch,))
+    held, had_next, stop = [], [], threading.Event()
+
+    def worker():
+        last = None
+        while not stop.is_set():
+            if not held:
+                if from_core.poll(50):
+                    held.append(from_core.recv())
+                continue
+            if len(held) < 2 and from_core.poll(1000):
+                held.append(from_core.recv())
+            had_next.append(len(held) == 2)
+            batch = held.pop(0)
+            fill_ahead(batch, *((last.step, last.tokens) if last else (-1, None)))
+            last = runner.run(batch)
+            to_core.send(last)
+    t = threading.Thread(target=worker, daemon=True)
+    t.start()
+    try:
+        loop.add(AddRequest(1, "", I32([5, 6, 7]), 12, 0, SamplingParams(), True))
+        while loop.engine.busy():
+            loop.step()
+        tokens = []
+        while frontend.poll(200):
+            msg = frontend.recv()
+            if isinstance(msg, StepEvents):
+                tokens += list(msg.tokens)
+        assert len(tokens) == 12
+        assert len(had_next) == 12 and all(had_next[:-1]), had_next
+    finally:
+        stop.set()
+        t.join(5)
+        for c in (frontend, to_core, from_core):
+            c.close()
+        loop.close()
+        ctx.term()

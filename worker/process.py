@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import zmq
 
@@ -15,11 +16,15 @@ def _log(msg: str) -> None:
     print(f"[worker] {msg}", file=sys.stderr, flush=True)
 
 
+TIMES_ENV = "TL_WORKER_TIMES"   # a file: one "step ms" line per batch run (benchmarks)
+
+
 def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
     """Report readiness, then answer every ForwardBatch until Shutdown."""
     out = Channel(ctx, zmq.PUSH, to_core, bind=False, max_bytes=1 << 30)
     inp = Channel(ctx, zmq.PULL, from_core, bind=False, accept=(ForwardBatch, Shutdown),
                   max_bytes=1 << 30)
+    times = open(os.environ[TIMES_ENV], "a", buffering=1) if os.environ.get(TIMES_ENV) else None
     try:
         out.send(WorkerReady(info=runner.info, pid=os.getpid()))
         last = None   # the last StepResult: an overlapped batch's placeholders come from it
@@ -31,11 +36,16 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
                 continue
             if isinstance(msg, Shutdown):
                 return
+            t0 = time.perf_counter()
             if not fill_ahead(msg, *((last.step, last.tokens) if last else (-1, None))):
                 _log(f"step {msg.step} wants the tokens of step {msg.prev_step}, which this"
                      " worker did not run: a stale batch, run on zeros")
             last = runner.run(msg)
+            if times is not None:
+                times.write(f"{msg.step} {(time.perf_counter() - t0) * 1e3:.3f}\n")
             out.send(last)
     finally:
+        if times is not None:
+            times.close()
         out.close()
         inp.close()

@@ -25,6 +25,8 @@ def is_loopback_host(host: str) -> bool:
 
 
 LOCAL_SCHEMES = ("ipc://", "inproc://")
+# As plain ints: or-ing pyzmq's enum flags per send cost more than the send of a small frame.
+_MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
 
 
 def is_loopback(address: str) -> bool:
@@ -140,8 +142,10 @@ class Router:
 
     def send(self, ident: bytes, msg) -> bool:
         """False when the peer is gone (nothing sent)."""
+        data = encode(msg)   # before the first frame: a failing encode sends nothing
         try:
-            self.sock.send_multipart([ident, encode(msg)], zmq.NOBLOCK)
+            self.sock.send(ident, _MORE)   # a multipart message is queued whole or not at all
+            self.sock.send(data, _LAST)
             return True
         except zmq.ZMQError as e:
             if e.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):

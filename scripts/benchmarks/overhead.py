@@ -19,7 +19,12 @@
    in wall time per step).
 2. smol at 64 sequences: the group's step time against the worker's pure forward time on
    the same ForwardBatches, rebuilt from the step log and re-run offline on a ModelRunner
-   (runner.execute alone): `step_over_forward_64`.
+   (runner.execute alone): `step_over_forward_64`. This machine's speed drifts by 10-20%
+   within minutes, more than the overhead being measured, so the same ratio is also taken
+   within the run: against the worker's own time for each of those steps (from receiving
+   the batch to the result, written by worker/process.py to the file TL_WORKER_TIMES
+   names): `step_over_forward_in_run_64`. It hides what the core's concurrent work costs
+   the forward (both share the cores) and shows what the worker waits for.
 
 The groups run with overlapped scheduling (the default; `--no-overlap` measures without it,
 `--compare` adds a run without it per case: `step_ms_null_N_no_overlap`,
@@ -130,12 +135,18 @@ def sink(address: str, reqs, timeout: float = 300,
 class GroupRun:
     log: Path | None
     wall_s: float
+    worker_times: Path | None = None
 
 
-def run_group(args: list[str], reqs, log: bool, progress: bool, label: str) -> GroupRun:
-    """A group on `args`: two short warm-up requests, then `reqs` through the sink."""
+def run_group(args: list[str], reqs, log: bool, progress: bool, label: str,
+              time_worker: bool = False) -> GroupRun:
+    """A group on `args`: two short warm-up requests, then `reqs` through the sink.
+    `time_worker`: the worker writes its time per batch to GroupRun.worker_times."""
     from scripts.group.harness import start_group
-    g = start_group(Path(tempfile.mkdtemp(prefix="run-", dir=WORKDIR)), args, log=log)
+    from worker.process import TIMES_ENV
+    tmp = Path(tempfile.mkdtemp(prefix="run-", dir=WORKDIR))
+    times = tmp / "worker-times.txt" if time_worker else None
+    g = start_group(tmp, args, log=log, env={TIMES_ENV: str(times)} if times else None)
     try:
         sink(g.address, [bl.Req(r.prompt, 4) for r in reqs[:2]])  # the first requests are slow
         wall, tokens = sink(g.address, reqs, bar=bl.Progress(len(reqs), label, progress))
@@ -144,7 +155,7 @@ def run_group(args: list[str], reqs, log: bool, progress: bool, label: str) -> G
     want = sum(r.max_tokens for r in reqs)
     if tokens != want:
         raise RuntimeError(f"got {tokens} output tokens, expected {want}")
-    return GroupRun(g.log, wall)
+    return GroupRun(g.log, wall, times)
 
 
 def fixed_requests(n: int, prompt: int, steps: int, tokens: tuple[int, int]) -> list[bl.Req]:
@@ -178,9 +189,26 @@ def is_full(row, batch: int) -> bool:
     return not row.schedule["prefill"] and len(row.schedule["decode"]) == batch
 
 
+def steady(rows: list, batch: int) -> list:
+    """The full-batch steps the figures average over (the first WARM_STEPS skipped)."""
+    return [r for r in rows if is_full(r, batch)][WARM_STEPS:]
+
+
+def worker_ms(times: Path, rows: list) -> float:
+    """The worker's mean time per batch over the steps `rows` (a "step ms" line each)."""
+    by_step = {}
+    for line in times.read_text().splitlines():
+        step, ms = line.split()
+        by_step[int(step)] = float(ms)
+    missing = [r.step for r in rows if r.step not in by_step]
+    if missing:
+        raise RuntimeError(f"the worker's times lack steps {missing[:5]}")
+    return _mean(by_step[r.step] for r in rows)
+
+
 def log_step_ms(rows: list, batch: int) -> dict:
     """Mean wall-time delta between consecutive full-batch steps, and their duration_ms."""
-    full = [r for r in rows if is_full(r, batch)][WARM_STEPS:]
+    full = steady(rows, batch)
     deltas = [(b.wall_time - a.wall_time) * 1e3 for a, b in zip(full, full[1:])
               if b.step == a.step + 1]
     if len(deltas) < 10:
@@ -382,14 +410,22 @@ def null_case(a, size: int, tokens) -> dict:
             "codec_ms": codec, "serve_args": args, **no_overlap(a, args, reqs, f"null x{size}")}
 
 
-def no_overlap(a, args: list, reqs, label: str) -> dict:
-    """--compare: the same group with overlapped scheduling off (log on): its step time."""
+def no_overlap(a, args: list, reqs, label: str, time_worker: bool = False) -> dict:
+    """--compare: the same group with overlapped scheduling off (log on): its step time,
+    and with `time_worker` its step over the worker's time in the run."""
     if not a.compare or not a.overlap:
         return {}
     _say(f"== {label}, --no-overlap")
-    run = run_group(args + ["--no-overlap"], reqs, True, a.progress, f"{label} no-overlap")
+    run = run_group(args + ["--no-overlap"], reqs, True, a.progress, f"{label} no-overlap",
+                    time_worker)
     rows = _rows(run.log)
-    return {"step_ms_no_overlap": log_step_ms(rows, full_batch(rows))["step_ms"]}
+    batch = full_batch(rows)
+    step = log_step_ms(rows, batch)["step_ms"]
+    out = {"step_ms_no_overlap": step}
+    if time_worker:
+        out["step_over_forward_in_run_no_overlap"] = step / worker_ms(run.worker_times,
+                                                                      steady(rows, batch))
+    return out
 
 
 # ---------------------------------------------------------------- 2. smol
@@ -404,10 +440,11 @@ def smol_case(a, tokens) -> dict:
     args = ["--model", "smol", "--max-seqs", str(n), "--num-blocks", str(blocks)] + (
         [] if a.overlap else ["--no-overlap"])
     _say(f"== smol, {n} sequences, {a.smol_steps} steps")
-    run = run_group(args, reqs, True, a.progress, f"smol x{n}")
+    run = run_group(args, reqs, True, a.progress, f"smol x{n}", time_worker=True)
     rows = _rows(run.log)
     batch = full_batch(rows)
     fig = log_step_ms(rows, batch)
+    in_run = worker_ms(run.worker_times, steady(rows, batch))
     meta = LogFile(str(run.log)).meta
     _say("== smol: the same batches offline on a ModelRunner")
     runner = make_runner("smol", dtype=meta["dtype"], num_blocks=meta["num_blocks"],
@@ -415,12 +452,13 @@ def smol_case(a, tokens) -> dict:
                          max_model_len=meta["model_info"]["max_model_len"])
     rep = replay(run.log, batch, runner)
     fwd = _mean(rep.forward_ms)
-    off = no_overlap(a, args, reqs, f"smol x{n}")
+    off = no_overlap(a, args, reqs, f"smol x{n}", time_worker=True)
     if off:
         off["step_over_forward_no_overlap"] = off["step_ms_no_overlap"] / fwd if fwd else None
     return {**off, "step_ms": fig["step_ms"], "log_duration_ms": fig["duration_ms"],
             "forward_ms": fwd, "engine_ms": _mean(rep.engine_ms),
             "step_over_forward": fig["step_ms"] / fwd if fwd else float("nan"),
+            "forward_in_run_ms": in_run, "step_over_forward_in_run": fig["step_ms"] / in_run,
             "batch": batch, "full_batch": batch == n, "steady_steps": fig["steady_steps"],
             "token_mismatch_steps": rep.mismatches, "serve_args": args}
 
@@ -456,9 +494,13 @@ def smol_table(s: dict) -> str:
     return bl.table([("group step (wall-time delta)", _f(s["step_ms"])),
                      ("runner.execute alone (same batches)", _f(s["forward_ms"])),
                      ("engine work (replayed)", _f(s["engine_ms"])),
-                     ("step / forward", _f(s["step_over_forward"]))]
-                    + ([("step / forward with --no-overlap", _f(s["step_over_forward_no_overlap"]))]
-                       if "step_over_forward_no_overlap" in s else []),
+                     ("step / forward", _f(s["step_over_forward"])),
+                     ("worker's forward in the run (same steps)", _f(s["forward_in_run_ms"])),
+                     ("step / forward in the run", _f(s["step_over_forward_in_run"]))]
+                    + [(f"{label} with --no-overlap", _f(s[key])) for label, key in (
+                        ("step / forward", "step_over_forward_no_overlap"),
+                        ("step / forward in the run", "step_over_forward_in_run_no_overlap"))
+                       if key in s],
                     (f"smol, {s['batch']} running", "ms"))
 
 
@@ -516,8 +558,10 @@ def measure(a) -> dict:
         tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
         doc["smol"] = s = guarded(smol_case, a, tokens)
         doc[f"step_over_forward_{a.smol_seqs}"] = s.get("step_over_forward")
-        if "step_over_forward_no_overlap" in s:
-            doc[f"step_over_forward_{a.smol_seqs}_no_overlap"] = s["step_over_forward_no_overlap"]
+        doc[f"step_over_forward_in_run_{a.smol_seqs}"] = s.get("step_over_forward_in_run")
+        for key in ("step_over_forward", "step_over_forward_in_run"):
+            if f"{key}_no_overlap" in s:
+                doc[f"{key}_{a.smol_seqs}_no_overlap"] = s[f"{key}_no_overlap"]
     doc["machine"] = bl.machine()
     return doc
 

@@ -62,18 +62,18 @@ class Group:
 
 
 def start_group(tmp: Path, args: list[str] = (), timeout: float = 180.0,
-                log: bool | Path = True) -> Group:
+                log: bool | Path = True, env: dict | None = None) -> Group:
     """scripts/serve on a free loopback port; waits for its `ready ADDRESS` line.
 
     `log`: True for tmp/steps.db, a path, or False for --no-log. serve's stderr goes to
-    tmp/serve.stderr.
+    tmp/serve.stderr. `env`: variables added to the group's environment.
     """
     logfile = (tmp / "steps.db" if log is True else Path(log)) if log else None
     err = tmp / "serve.stderr"
     cmd = [sys.executable, "-m", "scripts.group.supervisor", "--startup-timeout",
            str(timeout), "--address", "tcp://127.0.0.1:0",
            *(["--log", str(logfile)] if log else ["--no-log"]), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, **(env or {}), PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err.open("w"), env=env,
                             text=True, start_new_session=True)
     deadline = time.monotonic() + timeout

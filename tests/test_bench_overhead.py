@@ -1,0 +1,52 @@
+"""scripts/bench overhead's in-run forward time: the worker writes its time per batch to the
+file TL_WORKER_TIMES names (worker/process.py), the benchmark averages it over the steps it
+measures (scripts/benchmarks/overhead.py)."""
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import zmq
+
+from core.ipc.channel import Channel
+from core.ipc.protocol import Shutdown, StepResult, WorkerReady
+from scripts.benchmarks.overhead import worker_ms
+from worker.handmade import Part, make_batch
+from worker.null import NullRunner
+from worker.process import TIMES_ENV, serve
+
+
+def test_the_worker_writes_one_line_per_batch(tmp_path, monkeypatch):
+    times = tmp_path / "times.txt"
+    monkeypatch.setenv(TIMES_ENV, str(times))
+    ctx = zmq.Context()
+    to_core = Channel(ctx, zmq.PULL, f"ipc://{tmp_path}/in", bind=True,
+                      accept=(WorkerReady, StepResult))
+    from_core = Channel(ctx, zmq.PUSH, f"ipc://{tmp_path}/out", bind=True)
+    runner = NullRunner(num_blocks=16, block_size=4)
+    t = threading.Thread(target=serve, args=(runner, ctx, f"ipc://{tmp_path}/in",
+                                             f"ipc://{tmp_path}/out"), daemon=True)
+    t.start()
+    try:
+        assert to_core.poll(10_000) and isinstance(to_core.recv(), WorkerReady)
+        for step in (3, 4, 5):
+            from_core.send(make_batch([Part([1, 2, 3], 0, 3, [0])], 4, step=step))
+            assert to_core.poll(10_000) and to_core.recv().step == step
+        from_core.send(Shutdown())
+        t.join(10)
+    finally:
+        to_core.close()
+        from_core.close()
+        ctx.term()
+    lines = [line.split() for line in times.read_text().splitlines()]
+    assert [int(s) for s, _ in lines] == [3, 4, 5] and all(float(ms) >= 0 for _, ms in lines)
+
+
+def test_worker_ms_averages_the_measured_steps_and_needs_them_all(tmp_path):
+    times = tmp_path / "times.txt"
+    times.write_text("1 10.0\n2 20.0\n3 40.0\n")
+    rows = [SimpleNamespace(step=2), SimpleNamespace(step=3)]
+    assert worker_ms(times, rows) == 30.0
+    with pytest.raises(RuntimeError, match="lack steps"):
+        worker_ms(times, rows + [SimpleNamespace(step=9)])
