@@ -88,6 +88,8 @@ def _names(cls: type) -> tuple[str, ...]:
 def _to_wire(v: Any) -> Any:
     if type(v) in _AS_IS:   # most values: checked first, the frontend encodes ~1e5 a second
         return v
+    if type(v) is list:     # then token lists, before the slower dataclass check
+        return [_to_wire(x) for x in v]
     if isinstance(v, array):
         return v.tobytes()
     if is_dataclass(v):
