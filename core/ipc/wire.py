@@ -88,14 +88,12 @@ def _names(cls: type) -> tuple[str, ...]:
 def _to_wire(v: Any) -> Any:
     if type(v) in _AS_IS:   # most values: checked first, the frontend encodes ~1e5 a second
         return v
-    if type(v) is list:     # then token lists, before the slower dataclass check
+    if isinstance(v, list):   # then token lists, before the slower dataclass check
         return [_to_wire(x) for x in v]
     if isinstance(v, array):
         return v.tobytes()
     if is_dataclass(v):
         return {name: _to_wire(getattr(v, name)) for name in _names(type(v))}
-    if isinstance(v, list):
-        return [_to_wire(x) for x in v]
     return v
 
 
@@ -119,18 +117,13 @@ _SCALARS = {
 }
 
 
-def _check(tp: Any, v: Any, where: str) -> Any:
-    """Return v converted to tp, or raise ProtocolError(400)."""
-    return _checker(tp)(v, where)
-
-
-Checker = Callable[[Any, str], Any]
+Checker = Callable[[Any, str], Any]   # (value, where) -> the value as tp, or ProtocolError(400)
 
 
 @cache
 def _checker(tp: Any) -> Checker:
-    """The check of `_check` for one type, worked out once: decode runs ~1e5 times a second
-    in the frontend and the clients, on a handful of message types."""
+    """The check for type tp, worked out once: decode runs ~1e5 times a second in the
+    frontend and the clients, on a handful of message types."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         return _union(typing.get_args(tp))

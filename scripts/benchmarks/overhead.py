@@ -189,11 +189,6 @@ def is_full(row, batch: int) -> bool:
     return not row.schedule["prefill"] and len(row.schedule["decode"]) == batch
 
 
-def steady(rows: list, batch: int) -> list:
-    """The full-batch steps the figures average over (the first WARM_STEPS skipped)."""
-    return [r for r in rows if is_full(r, batch)][WARM_STEPS:]
-
-
 def worker_ms(times: Path, rows: list) -> float:
     """The worker's mean time per batch over the steps `rows` (a "step ms" line each)."""
     by_step = {}
@@ -206,15 +201,19 @@ def worker_ms(times: Path, rows: list) -> float:
     return _mean(by_step[r.step] for r in rows)
 
 
-def log_step_ms(rows: list, batch: int) -> dict:
-    """Mean wall-time delta between consecutive full-batch steps, and their duration_ms."""
-    full = steady(rows, batch)
+def log_step_ms(rows: list, batch: int, worker_times: Path | None = None) -> dict:
+    """Mean wall-time delta between consecutive full-batch steps, and their duration_ms;
+    with `worker_times`, the worker's mean time for the same steps (worker_ms)."""
+    full = [r for r in rows if is_full(r, batch)][WARM_STEPS:]
     deltas = [(b.wall_time - a.wall_time) * 1e3 for a, b in zip(full, full[1:])
               if b.step == a.step + 1]
     if len(deltas) < 10:
         raise RuntimeError(f"only {len(deltas)} consecutive full-batch steps: raise --steps")
-    return {"step_ms": _mean(deltas), "step_ms_p50": bl.percentile(deltas, 50),
-            "duration_ms": _mean(r.duration_ms for r in full), "steady_steps": len(deltas)}
+    fig = {"step_ms": _mean(deltas), "step_ms_p50": bl.percentile(deltas, 50),
+           "duration_ms": _mean(r.duration_ms for r in full), "steady_steps": len(deltas)}
+    if worker_times is not None:
+        fig["worker_ms"] = worker_ms(worker_times, full)
+    return fig
 
 
 def arrival_spread(log_path) -> int:
@@ -419,12 +418,10 @@ def no_overlap(a, args: list, reqs, label: str, time_worker: bool = False) -> di
     run = run_group(args + ["--no-overlap"], reqs, True, a.progress, f"{label} no-overlap",
                     time_worker)
     rows = _rows(run.log)
-    batch = full_batch(rows)
-    step = log_step_ms(rows, batch)["step_ms"]
-    out = {"step_ms_no_overlap": step}
-    if time_worker:
-        out["step_over_forward_in_run_no_overlap"] = step / worker_ms(run.worker_times,
-                                                                      steady(rows, batch))
+    fig = log_step_ms(rows, full_batch(rows), run.worker_times)
+    out = {"step_ms_no_overlap": fig["step_ms"]}
+    if "worker_ms" in fig:
+        out["step_over_forward_in_run_no_overlap"] = fig["step_ms"] / fig["worker_ms"]
     return out
 
 
@@ -443,8 +440,8 @@ def smol_case(a, tokens) -> dict:
     run = run_group(args, reqs, True, a.progress, f"smol x{n}", time_worker=True)
     rows = _rows(run.log)
     batch = full_batch(rows)
-    fig = log_step_ms(rows, batch)
-    in_run = worker_ms(run.worker_times, steady(rows, batch))
+    fig = log_step_ms(rows, batch, run.worker_times)
+    in_run = fig["worker_ms"]
     meta = LogFile(str(run.log)).meta
     _say("== smol: the same batches offline on a ModelRunner")
     runner = make_runner("smol", dtype=meta["dtype"], num_blocks=meta["num_blocks"],
