@@ -239,7 +239,7 @@ async def _queue_scenario(url: str, address: str) -> dict:
                 await asyncio.sleep(0.02)
 
         long = await s.post(url + "/v1/completions", json={
-            "prompt": "long", "max_tokens": 1000, "ignore_eos": True, "stream": True})
+            "prompt": "long", "max_tokens": 2040, "ignore_eos": True, "stream": True})
         await long.content.readline()  # the first chunk: the long request runs
         tasks = [asyncio.create_task(post(-1, f"low{i}")) for i in range(3)]
         await asyncio.wait_for(waiting(3), 20)
@@ -273,7 +273,7 @@ def test_priority_header_overtakes_the_queue_and_a_full_queue_gets_429(group, ga
 
     with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as conn:
         rows = conn.execute("SELECT id, priority, arrival_step, finish_reason FROM requests "
-                            "WHERE priority IN (-1, 100) OR max_tokens = 1000").fetchall()
+                            "WHERE priority IN (-1, 100) OR max_tokens = 2040").fetchall()
     admitted = admissions(group.log)
     high = [r for r in rows if r[1] == 100]
     low = [r for r in rows if r[1] == -1]

@@ -105,6 +105,15 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                tile: int | None = None) -> torch.Tensor:
     """A linear (dense or packed weight, worker/packed.py) whose rows do not depend on the
     call's row count: a multiple of ROW_ALIGN rows per call, or exactly `tile` rows."""
+    if torch.jit.is_tracing():   # recorded as one op, its padding inside: worker/graph.py
+        return torch.ops.tl.row_linear(x, weight, bias, tile or 0)
+    return padded_linear(x, weight, bias, tile or 0)
+
+
+def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  tile: int) -> torch.Tensor:
+    """row_linear's work; `tile` 0: none (the op's schema has no optional int)."""
+    tile = tile or None
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k)
     rows = flat.shape[0]

@@ -109,6 +109,13 @@ def usable(kv: torch.Tensor, rep: int, any_dim: bool = False) -> bool:
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
                  ctx: torch.Tensor, scale: float) -> torch.Tensor:
     """q [n, H, D]; k, v [blocks, B, KVH, D]; tables [n, W] and ctx [n] int64 -> [n, H, D]."""
+    if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
+        return torch.ops.tl.paged_decode(q, k, v, tables, ctx, scale)
+    return kernel_decode(q, k, v, tables, ctx, scale)
+
+
+def kernel_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
+                  ctx: torch.Tensor, scale: float) -> torch.Tensor:
     q = q.contiguous()
     n, heads, dim = q.shape
     kv_heads, block = k.shape[2], k.shape[1]

@@ -53,6 +53,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     """F.linear for a dense or a packed weight."""
     if not is_packed(weight):
         return F.linear(x, weight, bias)
+    if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
+        return torch.ops.tl.packed_linear(x, weight, bias)
+    return packed_linear(x, weight, bias)
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.numel() // k if k else 0
     if rows == 0:   # oneDNN takes no empty matmul
@@ -125,10 +131,12 @@ def dense_plan(weight: torch.Tensor, bias) -> Matmul:
     return linear
 
 
-def pack(model, groups: list[list[nn.Linear]], plan: Callable[..., Matmul] = dense_plan) -> None:
+def pack(model, groups: list[list[nn.Linear]],
+         plan: Callable[..., Matmul] = dense_plan) -> list[torch.Tensor]:
     """Pack every nn.Linear of `model` in place, each group of `groups` as one weight;
     `plan(packed weight, bias)` gives the function that multiplies by it (the batch-invariant
-    mode's row padding, worker/invariant.py), asked once per weight shape."""
+    mode's row padding, worker/invariant.py), asked once per weight shape. Returns the packed
+    weights (a fused group's lives in no module: worker/graph.py needs them all)."""
     plans: dict[tuple, Matmul] = {}
 
     def plan_once(weight: torch.Tensor, bias) -> Matmul:
@@ -139,19 +147,23 @@ def pack(model, groups: list[list[nn.Linear]], plan: Callable[..., Matmul] = den
 
     grouped = {id(m) for g in groups for m in g}
     singles = [[m] for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in grouped]
+    weights = []
     for group in [*groups, *singles]:
         if len(group) == 1:
-            _pack_one(group[0], plan_once)
+            weights.append(_pack_one(group[0], plan_once))
         else:
             fused = Fused(group, plan_once)
+            weights.append(fused.weight)
             for i, mod in enumerate(group):
                 _swap(mod, None, lambda x, i=i, f=fused: f.take(i, x))
+    return weights
 
 
-def _pack_one(mod: nn.Linear, plan) -> None:
+def _pack_one(mod: nn.Linear, plan) -> torch.Tensor:
     weight = pack_weight(mod.weight)
     matmul = plan(weight, mod.bias)
     _swap(mod, weight, lambda x: matmul(x, mod.weight, mod.bias))
+    return weight
 
 
 def _swap(mod: nn.Linear, weight: torch.Tensor | None, forward) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
-from worker import archs, invariant, native, packed
+from worker import archs, graph, invariant, native, packed
 from worker.attention import KWARG
 from worker.handmade import Part, make_batch
 from worker.sampler import sample_step
-from worker.step import build_step
+from worker.step import StepInputs, build_step
 
 
 class ModelRunner:
@@ -26,11 +26,16 @@ class ModelRunner:
         self.per_row = info.batch_invariant   # docs/DESIGN.md, "Batch-invariant mode"
         if self.per_row:
             invariant.check_supported(model, kv, rep, info.tp)
+        self.graph: graph.DecodeGraph | None = None
+        weights: list[torch.Tensor] = []
         if packed.usable(model, info.tp):   # docs/DESIGN.md, "Packed linear layers"
             groups = packed.siblings(model, self.probe)
-            packed.pack(model, groups, invariant.matmul_plan if self.per_row else packed.dense_plan)
+            weights = packed.pack(model, groups,
+                                  invariant.matmul_plan if self.per_row else packed.dense_plan)
         elif self.per_row:
             invariant.make_invariant(model)
+        if (self.native or self.per_row) and info.tp == 1:   # "The decode graph"
+            self.graph = graph.capture(self, weights)
 
     def probe(self) -> None:
         """One forward of one token into block 0, so that a keyword the paged attention does
@@ -43,6 +48,12 @@ class ModelRunner:
         if batch.num_tokens == 0:
             return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
         s = build_step(batch, self.kv, self.native, self.windows, self.per_row)
+        if self.graph is not None and self.graph.takes(s):
+            return self.graph(s)
+        return self.eager_logits(s)
+
+    @torch.inference_mode()
+    def eager_logits(self, s: StepInputs) -> torch.Tensor:
         out = self.model(input_ids=s.input_ids, position_ids=s.positions, use_cache=False,
                          logits_to_keep=s.keep, **{KWARG: s.paged})
         return out.logits[0]
