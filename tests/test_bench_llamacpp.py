@@ -38,6 +38,25 @@ def test_goals_need_their_levels():
     assert g["c1_tpot_ratio_at_most_1.5"] == {"ratio": 1.6, "met": False}
 
 
+def test_rounds_split_the_workload_in_order_and_keep_the_level_busy():
+    reqs = [bl.Req([i], 1) for i in range(64)]
+    for c, sizes in ((1, [16] * 4), (8, [32, 32]), (64, [64])):
+        parts = peer.rounds(reqs, c)
+        assert [len(p) for p in parts] == sizes
+        assert [r for p in parts for r in p] == reqs
+    assert [len(p) for p in peer.rounds(reqs[:5], 1)] == [5]
+    assert [len(p) for p in peer.rounds(reqs[:40], 1)] == [20, 20]
+
+
+def test_merged_rounds_are_one_run_in_workload_order():
+    t = [bl.Trace(sent=0.0) for _ in range(3)]
+    runs = [bl.RunResult(t[:1], 2.0, {"steps": 1}, {"steps": 5}),
+            bl.RunResult(t[1:], 3.0, {"steps": 9}, {"steps": 20})]
+    m = peer.merged(runs)
+    assert m.traces == t and m.wall == 5.0
+    assert (m.stats_before, m.stats_after) == ({"steps": 1}, {"steps": 20})
+
+
 def test_slot_ctx_covers_the_longest_request():
     reqs = [bl.Req([1] * 300, 200), bl.Req([1] * 10, 5)]
     assert peer.slot_ctx(reqs) == 512

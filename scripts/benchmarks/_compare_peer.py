@@ -3,8 +3,9 @@ side on the same workload, model weights (GGUF f32) and concurrency levels.
 
 For each level N (--concurrency, default 1,8,64) both systems run the whole workload with
 at most N requests in flight: the engine's process group is started once and driven at
-each level; llama-server is started per level with N slots and stopped after it. Reported
-per level and system: output tok/s, TTFT and TPOT p50/p99 (client side, from the moment a
+each level; llama-server is started per level with N slots and stopped after it. Within a
+level the two take turns over consecutive rounds of the workload (`rounds`), so that this
+machine's drift in speed lands on both alike. Reported per level and system: output tok/s, TTFT and TPOT p50/p99 (client side, from the moment a
 request is sent), and how many requests' first --agree-first greedy tokens differ
 (docs/DESIGN.md, "llama.cpp as a peer").
 """
@@ -24,6 +25,7 @@ from scripts.benchmarks import compare
 SYSTEMS = ("engine", "llamacpp")
 LABELS = {"engine": "tl-engine", "llamacpp": "llama.cpp"}
 CTX_ROUND = 256
+ROUND_MIN = 16   # requests per round at least, and at least 4x the level's concurrency
 
 
 def _say(msg: str) -> None:
@@ -68,45 +70,103 @@ def _figures(run: bl.RunResult) -> dict:
     return out
 
 
-def run_engine(a, reqs) -> dict:
-    _say("== tl-engine (process group)")
+def rounds(reqs: list, c: int) -> list[list]:
+    """The workload as consecutive rounds of at least max(ROUND_MIN, 4c) requests (one
+    round where it holds fewer): short enough that the machine's speed moves little within
+    one, long enough that c requests stay in flight through most of it."""
+    n = max(1, len(reqs) // max(ROUND_MIN, 4 * c))
+    cuts = [len(reqs) * i // n for i in range(n + 1)]
+    return [reqs[x:y] for x, y in zip(cuts, cuts[1:])]
+
+
+def merged(runs: list[bl.RunResult]) -> bl.RunResult:
+    """Rounds as one run: traces in workload order, the walls summed."""
+    return bl.RunResult([t for r in runs for t in r.traces], sum(r.wall for r in runs),
+                        runs[0].stats_before, runs[-1].stats_after)
+
+
+class Peer:
+    """llama-server, built and converted on first use; one server per level."""
+
+    def __init__(self, a, facts):
+        _say("== llama.cpp (llama-server)")
+        self.binary = get.ensure_server()
+        self.gguf = get.ensure_model(a.model, Path(facts["path"]))
+        self.checked = get.check_model(self.gguf, Path(facts["path"]))
+        self.threads = serve.threads()
+        self.logdir = Path(tempfile.mkdtemp(prefix="tl-bench-llamacpp-"))
+
+    def start(self, reqs, c: int):
+        args = serve.server_args(self.binary, self.gguf, serve.free_port(), c, slot_ctx(reqs),
+                                 self.threads)
+        srv = serve.Server(args, self.logdir / f"llama-server-x{c}.log")
+        try:
+            srv.wait_ready()
+            warm = [bl.Req(r.prompt[:32], 4) for r in reqs[:2]]
+            asyncio.run(serve.drive(srv.url, warm, c, progress=False))
+        except BaseException:
+            srv.stop()
+            raise
+        return srv
+
+    def facts(self) -> dict:
+        return {"binary": str(self.binary), "gguf": str(self.gguf),
+                "gguf_facts": self.checked, "threads": self.threads}
+
+
+def run_level(a, reqs, c: int, address: str, peer: Peer) -> tuple[dict, dict]:
+    """Both systems at concurrency c, taking turns round by round (who goes first
+    alternates); the engine's and llama.cpp's figures."""
+    srv = peer.start(reqs, c)
+    try:
+        runs = {"engine": [], "llamacpp": []}
+        for i, part in enumerate(rounds(reqs, c)):
+            for name in (("llamacpp", "engine") if i % 2 == 0 else ("engine", "llamacpp")):
+                label = f"{LABELS[name]} x{c} round {i + 1}"
+                if name == "engine":
+                    run = bl.drive(address, part, progress=a.progress, timeout=3600,
+                                   label=label, concurrency=c, temperature=0.0,
+                                   ignore_eos=True)
+                else:
+                    run = serve.drive(srv.url, part, c, progress=a.progress, label=label)
+                runs[name].append(asyncio.run(run))
+    finally:
+        srv.stop()
+    return (_figures(merged(runs["engine"])),
+            {**_figures(merged(runs["llamacpp"])), "server_args": srv.args[1:],
+             "log": str(srv.log)})
+
+
+def run_both(a, reqs, facts) -> dict:
+    """Each system's {levels, ...}, or {"error"} where it could not run."""
+    try:
+        peer = Peer(a, facts)
+    except Exception as e:  # the engine still runs alone
+        import traceback
+        traceback.print_exc()
+        return {"engine": run_engine_alone(a, reqs),
+                "llamacpp": {"error": f"{type(e).__name__}: {e}"}}
+    _say("== tl-engine (process group) and llama.cpp, level by level")
+    g, args = compare.start_engine(a, reqs)
+    levels = {"engine": {}, "llamacpp": {}}
+    try:
+        for c in a.concurrency:
+            levels["engine"][c], levels["llamacpp"][c] = run_level(a, reqs, c, g.address, peer)
+    finally:
+        g.stop()
+    return {"engine": {"serve_args": args, "levels": levels["engine"]},
+            "llamacpp": {**peer.facts(), "levels": levels["llamacpp"]}}
+
+
+def run_engine_alone(a, reqs) -> dict:
     g, args = compare.start_engine(a, reqs)
     try:
-        levels = {}
-        for c in a.concurrency:
-            run = asyncio.run(bl.drive(g.address, reqs, progress=a.progress, timeout=3600,
-                                       label=f"tl-engine x{c}", concurrency=c,
-                                       temperature=0.0, ignore_eos=True))
-            levels[c] = _figures(run)
+        levels = {c: _figures(asyncio.run(bl.drive(
+            g.address, reqs, progress=a.progress, timeout=3600, label=f"tl-engine x{c}",
+            concurrency=c, temperature=0.0, ignore_eos=True))) for c in a.concurrency}
     finally:
         g.stop()
     return {"serve_args": args, "levels": levels}
-
-
-def _level(binary: Path, gguf: Path, reqs, c: int, threads: int, logdir: Path, a) -> dict:
-    args = serve.server_args(binary, gguf, serve.free_port(), c, slot_ctx(reqs), threads)
-    srv = serve.Server(args, logdir / f"llama-server-x{c}.log")
-    try:
-        srv.wait_ready()
-        warm = [bl.Req(r.prompt[:32], 4) for r in reqs[:2]]
-        asyncio.run(serve.drive(srv.url, warm, c, progress=False))
-        run = asyncio.run(serve.drive(srv.url, reqs, c, progress=a.progress,
-                                      label=f"llama.cpp x{c}"))
-    finally:
-        srv.stop()
-    return {**_figures(run), "server_args": args[1:], "log": str(srv.log)}
-
-
-def run_llamacpp(a, reqs, facts) -> dict:
-    _say("== llama.cpp (llama-server)")
-    binary = get.ensure_server()
-    gguf = get.ensure_model(a.model, Path(facts["path"]))
-    checked = get.check_model(gguf, Path(facts["path"]))
-    threads = serve.threads()
-    logdir = Path(tempfile.mkdtemp(prefix="tl-bench-llamacpp-"))
-    levels = {c: _level(binary, gguf, reqs, c, threads, logdir, a) for c in a.concurrency}
-    return {"binary": str(binary), "gguf": str(gguf), "gguf_facts": checked,
-            "threads": threads, "levels": levels}
 
 
 def summary(a, reqs, tokens, res: dict) -> dict:
@@ -183,15 +243,12 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def main(a, reqs, tokens, facts) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    res = {}
-    for name, fn in (("llamacpp", lambda: run_llamacpp(a, reqs, facts)),
-                     ("engine", lambda: run_engine(a, reqs))):
-        try:
-            res[name] = fn()
-        except Exception as e:  # report and go on with the other system
-            import traceback
-            traceback.print_exc()
-            res[name] = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        res = run_both(a, reqs, facts)
+    except Exception as e:  # report what failed, as a run's result
+        import traceback
+        traceback.print_exc()
+        res = {n: {"error": f"{type(e).__name__}: {e}"} for n in SYSTEMS}
     doc = summary(a, reqs, tokens, res)
     print(report(doc))
     if a.json:
