@@ -85,15 +85,16 @@ def capture(runner, weights: list[torch.Tensor]) -> DecodeGraph | None:
 
 
 def _checked(runner, weights: list[torch.Tensor]) -> DecodeGraph:
-    graph = _trace(runner, weights)
-    for n in PROBE_ROWS:
-        s = _probe_step(runner, n)
+    probes = [_probe_step(runner, n) for n in PROBE_ROWS]
+    graph = _trace(runner, weights, probes[0])
+    for n, s in zip(PROBE_ROWS, probes):
         if not torch.equal(graph(s), runner.eager_logits(s)):
             raise ValueError(f"its logits differ from the eager forward's at {n} rows")
     return graph
 
 
-def _trace(runner, weights: list[torch.Tensor]) -> DecodeGraph:
+def _trace(runner, weights: list[torch.Tensor], s) -> DecodeGraph:
+    """The recording of the forward over probe step `s`."""
     ops()
     model = runner.model
     model.requires_grad_(False)   # the dense weights become the graph's constants
@@ -104,7 +105,6 @@ def _trace(runner, weights: list[torch.Tensor]) -> DecodeGraph:
         return model(input_ids=input_ids, position_ids=positions, use_cache=False,
                      logits_to_keep=keep, **{KWARG: paged}).logits[0]
 
-    s = _probe_step(runner, 1)
     example = (runner.kv, s.input_ids, s.positions, s.keep, s.paged.slot_mapping,
                s.paged.native.tables, s.paged.native.context, *weights)
     with warnings.catch_warnings(record=True) as seen:

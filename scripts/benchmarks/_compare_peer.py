@@ -114,6 +114,12 @@ class Peer:
                 "gguf_facts": self.checked, "threads": self.threads}
 
 
+def drive_engine(a, address: str, reqs, c: int, label: str):
+    """The engine's run of `reqs` at concurrency c (greedy, EOS ignored, as llama.cpp's)."""
+    return bl.drive(address, reqs, progress=a.progress, timeout=3600, label=label,
+                    concurrency=c, temperature=0.0, ignore_eos=True)
+
+
 def run_level(a, reqs, c: int, address: str, peer: Peer) -> tuple[dict, dict]:
     """Both systems at concurrency c, taking turns round by round (who goes first
     alternates); the engine's and llama.cpp's figures."""
@@ -123,12 +129,8 @@ def run_level(a, reqs, c: int, address: str, peer: Peer) -> tuple[dict, dict]:
         for i, part in enumerate(rounds(reqs, c)):
             for name in (("llamacpp", "engine") if i % 2 == 0 else ("engine", "llamacpp")):
                 label = f"{LABELS[name]} x{c} round {i + 1}"
-                if name == "engine":
-                    run = bl.drive(address, part, progress=a.progress, timeout=3600,
-                                   label=label, concurrency=c, temperature=0.0,
-                                   ignore_eos=True)
-                else:
-                    run = serve.drive(srv.url, part, c, progress=a.progress, label=label)
+                run = (drive_engine(a, address, part, c, label) if name == "engine" else
+                       serve.drive(srv.url, part, c, progress=a.progress, label=label))
                 runs[name].append(asyncio.run(run))
     finally:
         srv.stop()
@@ -161,9 +163,9 @@ def run_both(a, reqs, facts) -> dict:
 def run_engine_alone(a, reqs) -> dict:
     g, args = compare.start_engine(a, reqs)
     try:
-        levels = {c: _figures(asyncio.run(bl.drive(
-            g.address, reqs, progress=a.progress, timeout=3600, label=f"tl-engine x{c}",
-            concurrency=c, temperature=0.0, ignore_eos=True))) for c in a.concurrency}
+        levels = {c: _figures(asyncio.run(drive_engine(a, g.address, reqs, c,
+                                                       f"tl-engine x{c}")))
+                  for c in a.concurrency}
     finally:
         g.stop()
     return {"serve_args": args, "levels": levels}
