@@ -50,14 +50,32 @@ def run_concurrently(address: str, reqs: list[dict], started: threading.Event,
     return threads, results
 
 
+def wait_logged(path, timeout: float = 30) -> None:
+    """Until the step log at `path` has committed a step. Its writer thread commits behind
+    the step loop (core/steplog.py), so on a loaded machine a request can stream tokens
+    before any step of it is in the file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            if conn.execute("SELECT count(*) FROM steps").fetchone()[0]:
+                return
+        finally:
+            conn.close()
+        assert time.monotonic() < deadline, "no step was logged"
+        time.sleep(0.01)
+
+
 def kill_mid_run(g, victim: str, reqs: list[dict]) -> tuple[dict, list, float]:
-    """kill -9 `victim` once every request streams; (pids before, results, seconds from
-    the kill until every request ended)."""
+    """kill -9 `victim` once every request streams (and, with a log, once a step is
+    logged); (pids before, results, seconds from the kill until every request ended)."""
     with Client(g.address, timeout=30) as c:
         pids = c.stats()["pids"]
     started = threading.Event()
     threads, results = run_concurrently(g.address, reqs, started, timeout=60)
     assert started.wait(60)
+    if g.log:
+        wait_logged(g.log)
     t0 = time.monotonic()
     os.kill(pids[victim], signal.SIGKILL)
     for t in threads:
@@ -155,6 +173,7 @@ def test_core_death_503s_within_2s_and_the_log_verifies(tmp_path):
     assert all(isinstance(r, ClientError) and r.code == 503 for r in results), results
     assert took < 10, took  # 5x the 2 s target
     assert code != 0 and "core exited" in g.tail()
+    assert "Traceback" not in g.stderr.read_text()  # the worker, stopped mid-step, too
     assert wait_dead(pids.values())
     conn = sqlite3.connect(g.log)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

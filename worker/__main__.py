@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
     die_with_parent()
-    sigterm_as_interrupt()
+    interrupts = sigterm_as_interrupt()
     if a.tp != 1:
         from worker import tp
         return tp.main(a, sys.argv[1:] if argv is None else list(argv))
@@ -44,9 +44,8 @@ def main(argv=None) -> int:
                          max_model_len=a.max_model_len, batch_invariant=a.batch_invariant)
     ctx = zmq.Context()
     try:
-        serve(runner, ctx, a.to_core, a.from_core)
-    except KeyboardInterrupt:
-        pass
+        with interrupts.end_quietly():
+            serve(runner, ctx, a.to_core, a.from_core)
     finally:
         ctx.term()
     return 0

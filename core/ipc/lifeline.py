@@ -5,6 +5,7 @@ import ctypes
 import os
 import signal
 import sys
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
 
@@ -20,12 +21,35 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os._exit(1)
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+class Interrupts:
+    """SIGTERM raises KeyboardInterrupt wherever the process is. `asked` says one came,
+    also once the interrupt surfaces wrapped in another error: raised inside a
+    torch.library op that a traced graph calls (worker/graph.py), it comes out of the
+    graph as a RuntimeError."""
+
+    def __init__(self):
+        self.asked = False
+
+    def __call__(self, signum, frame):
+        self.asked = True
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def end_quietly(self):
+        """The block ends without a traceback when SIGTERM ended it; other errors go on."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            pass
+        except Exception:
+            if not self.asked:
+                raise
 
 
-def sigterm_as_interrupt() -> None:
-    signal.signal(signal.SIGTERM, _interrupt)
+def sigterm_as_interrupt() -> Interrupts:
+    handler = Interrupts()
+    signal.signal(signal.SIGTERM, handler)
+    return handler
 
 
 def pid_alive(pid: int) -> bool:

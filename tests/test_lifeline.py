@@ -1,0 +1,65 @@
+"""SIGTERM ends a process quietly, also while a traced graph runs a Python op: there the
+interrupt comes out of the graph wrapped in a RuntimeError (worker/graph.py's ops are such)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.ipc.lifeline import Interrupts
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = """
+import sys, time, torch
+from core.ipc.lifeline import sigterm_as_interrupt
+lib = torch.library.Library("tltest", "DEF")
+lib.define("nap(Tensor x) -> Tensor")
+lib.impl("nap", lambda x: (time.sleep(0.05), x + 1)[1], "CompositeExplicitAutograd")
+graph = torch.jit.trace(lambda x: torch.ops.tltest.nap(x) * 2, torch.zeros(4))
+interrupts = sigterm_as_interrupt()
+print("ready", flush=True)
+def forever():
+    x = torch.zeros(4)
+    while True:
+        x = graph(x)
+if sys.argv[1] == "quiet":
+    with interrupts.end_quietly():
+        forever()
+else:
+    forever()
+"""
+
+
+def terminate_mid_graph(mode: str) -> subprocess.CompletedProcess:
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT, mode], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def test_sigterm_inside_a_graphs_python_op_surfaces_wrapped():
+    r = terminate_mid_graph("bare")
+    assert r.returncode != 0
+    assert "RuntimeError: KeyboardInterrupt" in r.stderr, r.stderr[-2000:]
+
+
+def test_end_quietly_ends_a_graph_interrupted_by_sigterm_with_code_0():
+    r = terminate_mid_graph("quiet")
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_end_quietly_lets_other_errors_through():
+    with pytest.raises(ValueError):
+        with Interrupts().end_quietly():
+            raise ValueError("not a SIGTERM")
+    with Interrupts().end_quietly():
+        raise KeyboardInterrupt  # ctrl-C ends quietly too
