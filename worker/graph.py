@@ -7,8 +7,8 @@ from C++ at about a microsecond each, for every step whose tokens are all rows o
 decode kernel (every step in the batch-invariant mode; pure-decode steps otherwise).
 
 What varies between steps is only shapes. The calls whose Python depends on a shape (the
-matmuls' row padding, the C kernel behind ctypes) are recorded as the ops `tl::packed_linear`,
-`tl::row_linear` and `tl::paged_decode`, whose kernels are the functions the eager forward
+matmuls' row padding, the C kernels behind ctypes) are recorded as the ops
+`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear` and `tl::paged_decode`, whose kernels are the functions the eager forward
 calls. That the rest holds for a checkpoint's code is checked, not assumed: `capture` refuses
 a model whose code decides on a tensor in Python, and keeps the recording only if it answers
 a one-row and a five-row step bit for bit as the eager forward does; anything else leaves the
@@ -35,16 +35,19 @@ def enabled() -> bool:
 
 @cache
 def ops() -> torch.library.Library:
-    """`tl::packed_linear`, `tl::row_linear` and `tl::paged_decode`, registered once per
-    process (the Library must stay alive for them to stay registered: the cache holds it)."""
-    from worker import invariant, native, packed
+    """`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear` and `tl::paged_decode`,
+    registered once per process (the Library must stay alive for them to stay registered:
+    the cache holds it)."""
+    from worker import invariant, native, packed, panels
 
     lib = torch.library.Library("tl", "DEF")
     lib.define("packed_linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
+    lib.define("panel_linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
     lib.define("row_linear(Tensor x, Tensor w, Tensor? b, int tile) -> Tensor")
     lib.define("paged_decode(Tensor q, Tensor k, Tensor v, Tensor tables, Tensor ctx, "
                "float scale) -> Tensor")
     lib.impl("packed_linear", packed.packed_linear, "CompositeExplicitAutograd")
+    lib.impl("panel_linear", panels.panel_linear, "CompositeExplicitAutograd")
     lib.impl("row_linear", invariant.padded_linear, "CompositeExplicitAutograd")
     lib.impl("paged_decode", native.kernel_decode, "CompositeExplicitAutograd")
     return lib

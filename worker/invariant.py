@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker import archs, native
+from worker import archs, native, panels
 from worker.packed import linear
 
 ROW_ALIGN = 4   # calls of a multiple of 4 rows agree row by row, whatever the count
@@ -104,7 +104,10 @@ def _forward(mod: nn.Linear, tile: int | None):
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                tile: int | None = None) -> torch.Tensor:
     """A linear (dense or packed weight, worker/packed.py) whose rows do not depend on the
-    call's row count: a multiple of ROW_ALIGN rows per call, or exactly `tile` rows."""
+    call's row count: a multiple of ROW_ALIGN rows per call, or exactly `tile` rows. The
+    panel kernel's rows are so in any call (worker/panels.py): no padding there."""
+    if panels.is_panels(weight):
+        return panels.linear(x, weight, bias)
     if torch.jit.is_tracing():   # recorded as one op, its padding inside: worker/graph.py
         return torch.ops.tl.row_linear(x, weight, bias, tile or 0)
     return padded_linear(x, weight, bias, tile or 0)
@@ -137,7 +140,7 @@ def _plan(weight: torch.Tensor, bias: torch.Tensor | None) -> int | None:
     for tile in (None, TILE):
         if _invariant(weight, bias, tile):
             return tile
-    out, k = weight.shape
+    out, k = _dims(weight)
     raise ValueError(f"--batch-invariant: a linear layer {k}x{out}"
                      " gives rows that depend on the row count even in fixed tiles here")
 
@@ -146,7 +149,7 @@ def _plan(weight: torch.Tensor, bias: torch.Tensor | None) -> int | None:
 def _invariant(weight: torch.Tensor, bias: torch.Tensor | None, tile: int | None) -> bool:
     """Whether the first and last ROW_ALIGN rows of calls of many sizes equal the same rows
     computed in a call of their own (fewer rows: the first of them)."""
-    out_features, in_features = weight.shape
+    out_features, in_features = _dims(weight)
     counts = [m for m in CHECK_ROWS if out_features <= LM_HEAD_OUT or m <= 64]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(counts[-1], in_features, generator=g).to(weight.device, weight.dtype)
@@ -160,3 +163,10 @@ def _invariant(weight: torch.Tensor, bias: torch.Tensor | None, tile: int | None
         if not torch.equal(row_linear(x[:m], weight, bias, tile), head[:m]):
             return False
     return True
+
+
+def _dims(weight: torch.Tensor) -> tuple[int, int]:
+    """(out, in) features of a dense, oneDNN-packed or panel weight."""
+    if panels.is_panels(weight):
+        return weight.shape[0] * weight.shape[2], weight.shape[1]
+    return tuple(weight.shape)

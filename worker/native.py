@@ -35,7 +35,7 @@ def kernel():
     if not enabled():
         return None
     try:
-        lib = ctypes.CDLL(str(_build()))
+        lib = ctypes.CDLL(str(build(SOURCE)))
     except (OSError, subprocess.SubprocessError, RuntimeError) as e:
         print(f"[worker] native decode attention unavailable, using torch: {e}",
               file=sys.stderr, flush=True)
@@ -47,27 +47,28 @@ def kernel():
     return lib
 
 
-def _build() -> Path:
-    """The shared library for this source, compiler and CPU, compiled if missing."""
+def build(source: Path) -> Path:
+    """The shared library for `source` (a file of csrc/), this compiler and this CPU,
+    compiled if missing."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
-    key = hashlib.blake2b(SOURCE.read_bytes(), digest_size=8)
+    key = hashlib.blake2b(source.read_bytes(), digest_size=8)
     for part in (cc, *FLAGS, _compiler_version(cc), _cpu_flags()):
         key.update(part.encode())
     from worker.presets import cache_root
-    out = cache_root().parent / "native" / f"paged_decode-{key.hexdigest()}.so"
+    out = cache_root().parent / "native" / f"{source.stem}-{key.hexdigest()}.so"
     if not out.exists():
-        _compile(cc, out)
+        _compile(cc, source, out)
     return out
 
 
-def _compile(cc: str, out: Path) -> None:
+def _compile(cc: str, source: Path, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(source)], capture_output=True,
                            text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:500]}")

@@ -1,6 +1,7 @@
-"""Linear layers on oneDNN's packed weights (CPU, float32, one worker process), with the
-linear layers that read the same input multiplied as one (docs/DESIGN.md, "Packed linear
-layers").
+"""Linear layers on packed weights (CPU, float32, one worker process), with the linear
+layers that read the same input multiplied as one (docs/DESIGN.md, "Packed linear layers").
+A weight is packed in panels for the C kernel where it takes it (worker/panels.py), else
+in oneDNN's blocked layout.
 
 torch's F.linear on the CPU calls MKL, which for the few rows of a decode step runs one
 thread at about 11 GB/s of weights here. oneDNN's matmul on a weight reordered once into its
@@ -24,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker import panels
+
 ROWS_HINT = 64   # the row count oneDNN lays the weight out for; measured best from 1 to 1024
 MIN_ROWS = 4     # fewer rows run oneDNN's slower 1-row path: pad (a row's result is the same)
 
@@ -46,11 +49,13 @@ def usable(model, tp: int) -> bool:
 
 
 def is_packed(weight: torch.Tensor) -> bool:
-    return weight.layout == torch._mkldnn
+    return weight.layout == torch._mkldnn or panels.is_panels(weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear for a dense or a packed weight."""
+    if panels.is_panels(weight):
+        return panels.linear(x, weight, bias)
     if not is_packed(weight):
         return F.linear(x, weight, bias)
     if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
@@ -71,6 +76,9 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """In panels for the C kernel where it takes the weight, else in oneDNN's layout."""
+    if panels.fits(weight):
+        return panels.pack(weight)
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ROWS_HINT)
 
 
