@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker import packed, panels
-from worker.handmade import generate_alone
+from tests.test_packed import assert_generates_alike
 from worker.load import make_runner
 
 pytestmark = pytest.mark.skipif(panels.kernel() is None, reason="no C compiler here")
@@ -95,10 +95,4 @@ def test_the_runner_takes_panels_for_the_layers_that_fit(runners):
 
 @pytest.mark.parametrize("prompt", [[1, 2, 3], list(range(10, 60))])
 def test_a_panel_runner_generates_what_the_onednn_one_does(runners, prompt):
-    onednn, fast = runners
-    table = list(range(8))
-    want, want_logits = generate_alone(onednn, prompt, 12, table, collect_logits=True)
-    got, got_logits = generate_alone(fast, prompt, 12, table, collect_logits=True)
-    assert got == want
-    for g, w in zip(got_logits, want_logits):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    assert_generates_alike(*runners, prompt)
