@@ -10,6 +10,7 @@ from itertools import chain, islice, repeat
 from typing import Mapping, Sequence
 
 from core.ipc.protocol import F64, I32, I64, ForwardBatch, SamplingParams
+from core.kept_tables import KeptTables
 
 GREEDY = SamplingParams()
 
@@ -25,12 +26,14 @@ def slots(tables: Sequence[Sequence[int]], positions: Sequence[int], block_size:
 def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
            tables: Sequence[Sequence[int]], num_decode: int, spans: Sequence[tuple[int, int]],
            rows: Sequence[int], params: Sequence[SamplingParams],
-           gen_index: Sequence[int], banned: Sequence[Sequence[int]] = ()) -> ForwardBatch:
+           gen_index: Sequence[int], banned: Sequence[Sequence[int]] = (),
+           kept: KeptTables | None = None) -> ForwardBatch:
     """Sequence i has tokens[i] and block table tables[i]. The first num_decode query one
     token, their last (position len - 1); each later one queries positions [start, end) of
     spans[i - num_decode] and has `end` tokens in cache afterwards. Sample row j is
     sequence rows[j], sampled with params[j] as generated token number gen_index[j], never
-    drawing a token of banned[j] (empty: no bans). Tables are padded with 0 to the widest."""
+    drawing a token of banned[j] (empty: no bans). Tables are padded with 0 to the widest,
+    through `kept` when given (a scheduler's live tables: core/kept_tables.py)."""
     dec = tokens[:num_decode]
     ctx = [len(t) for t in dec]
     ids = [t[-1] for t in dec]
@@ -51,7 +54,8 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         step=step, seq_ids=I32(seq_ids), input_ids=I32(ids), positions=I32(pos),
         slot_mapping=I32(slots(tok_tables, pos, block_size)), query_start=I32(qstart),
         context_lens=I32(ctx),
-        block_tables=I32(_padded(tables, width)),
+        block_tables=(kept.padded(seq_ids, tables, width) if kept is not None
+                      else I32(_padded(tables, width))),
         table_width=width, sample_rows=I32(rows),
         temperature=F64([p.temperature for p in params]), top_p=F64([p.top_p for p in params]),
         top_k=I32([p.top_k for p in params]),
@@ -103,7 +107,8 @@ def _offsets(lists: Sequence[Sequence[int]]) -> list[int]:
 
 
 def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
-                stop_ids: Mapping[int, Sequence[int]] | None = None) -> ForwardBatch:
+                stop_ids: Mapping[int, Sequence[int]] | None = None,
+                kept: KeptTables | None = None) -> ForwardBatch:
     """Decodes first (one query token at position n-1), then prefill chunks in order.
 
     A decode and a chunk with `last` sample; the sampled token is the request's k-th
@@ -126,7 +131,7 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
                   for i, p, g in zip(sample_ids, params, gen)]
     return layout(step, sched.blocks.block_tokens(), seq_ids, toks, [table(r) for r in seq_ids],
                   n_dec, [(ch.start, ch.start + ch.length) for ch in out.prefill], rows,
-                  params, gen, banned)
+                  params, gen, banned, kept)
 
 
 def sampled_ids(out) -> list[int]:

@@ -33,7 +33,9 @@ class BlockSpace(Protocol):
         ...
 
     def block_table(self, id: Hashable) -> Sequence[int]:
-        """id's blocks in position order; empty for an id holding none."""
+        """id's blocks in position order; empty for an id holding none. While id holds
+        blocks this is one list that only grows at its end (core/kept_tables.py relies
+        on it); a new allocation is a new list."""
         ...
 
 

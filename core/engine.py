@@ -15,6 +15,7 @@ import msgpack
 
 from core.batch import build_batch, sampled_ids
 from core.ipc.protocol import ForwardBatch, SamplingParams
+from core.kept_tables import KeptTables
 from core.logrecords import StepRecord
 from core.request_metrics import RequestClock
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
@@ -127,6 +128,7 @@ class Engine:
         self._planned: tuple[ScheduleOutput, int, float] | None = None
         # seq_id -> its live entry's sampling / stop_ids: plain dicts, read per row per step
         self._sampling: dict[int, SamplingParams] = {}
+        self._tables = KeptTables()
         self._stop_ids: dict[int, frozenset[int]] = {}
         self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
         self.extras: Extras | None = None               # the last committed step's logprobs
@@ -206,7 +208,10 @@ class Engine:
         self.last_schedule = out
         self.last_hits = list(self.sched.last_hits)
         self._clock(out, step)
-        return build_batch(step, out, self.sched, self._sampling, self._stop_ids) if build else None
+        if not build:
+            return None
+        return build_batch(step, out, self.sched, self._sampling, self._stop_ids,
+                           self._tables)
 
     def commit(self, tokens, result=None) -> list:
         """Apply the worker's tokens for the planned step; returns the scheduler's events.

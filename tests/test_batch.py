@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from core.batch import build_batch, sampled_ids, slots
 from core.ipc.protocol import I32, SamplingParams
+from core.kept_tables import KeptTables
+from core.prefix_cache import PrefixCacheBlocks
 from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig, StepOutput
 from worker.handmade import Part, make_batch
 from worker.step import seq_slots
@@ -44,3 +47,27 @@ def test_list_and_tensor_slots_agree():
     assert slots([table] * len(pos), pos, BS) == seq_slots(
         torch.tensor(table), torch.tensor(pos), BS).tolist()
     assert slots([[3, 9]], [5], BS) == [9 * BS + 1]
+
+
+@pytest.mark.parametrize("pool", [FreeListBlocks, PrefixCacheBlocks])
+def test_kept_table_bytes_give_the_batch_a_fresh_conversion_gives(pool):
+    """Random traffic through a pool small enough to preempt (tables freed, allocated anew
+    and grown): every step's block_tables through one KeptTables equal a conversion from
+    scratch."""
+    rng = random.Random(1)
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=24, max_seqs=6), pool(BS, range(40)),
+                      Chunked(8))
+    kept, preempted, steps = KeptTables(), 0, 0
+    for _ in range(12):
+        sched.add(Request([rng.randrange(1, 9) for _ in range(rng.randrange(1, 20))],
+                          rng.randrange(1, 40)))
+    while sched.has_unfinished() and steps < 2000:
+        out = sched.schedule()
+        preempted += len(out.preempted)
+        got = build_batch(steps, out, sched, {}, None, kept)
+        assert got == build_batch(steps, out, sched, {}), steps
+        sched.on_step([StepOutput(i, rng.randrange(1, 9)) for i in sampled_ids(out)])
+        steps += 1
+        if steps % 7 == 0 and steps < 100:
+            sched.add(Request([rng.randrange(1, 9) for _ in range(5)], 30))
+    assert preempted and not sched.has_unfinished()
