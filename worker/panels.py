@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -35,7 +36,7 @@ def kernel():
         return None
     try:
         lib = ctypes.CDLL(str(native.build(SOURCE)))
-    except (OSError, RuntimeError, native.subprocess.SubprocessError) as e:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         print(f"[worker] panel linear layers unavailable, using oneDNN: {e}", file=sys.stderr,
               flush=True)
         return None
