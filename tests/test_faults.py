@@ -15,6 +15,7 @@ import pytest
 from frontend.client import Client, ClientError
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
+from tests.logfaults import count, wait_until
 from tests.test_group_lifecycle import wait_dead
 
 N = 200
@@ -50,22 +51,6 @@ def run_concurrently(address: str, reqs: list[dict], started: threading.Event,
     return threads, results
 
 
-def wait_logged(path, timeout: float = 30) -> None:
-    """Until the step log at `path` has committed a step. Its writer thread commits behind
-    the step loop (core/steplog.py), so on a loaded machine a request can stream tokens
-    before any step of it is in the file."""
-    deadline = time.monotonic() + timeout
-    while True:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            if conn.execute("SELECT count(*) FROM steps").fetchone()[0]:
-                return
-        finally:
-            conn.close()
-        assert time.monotonic() < deadline, "no step was logged"
-        time.sleep(0.01)
-
-
 def kill_mid_run(g, victim: str, reqs: list[dict]) -> tuple[dict, list, float]:
     """kill -9 `victim` once every request streams (and, with a log, once a step is
     logged); (pids before, results, seconds from the kill until every request ended)."""
@@ -74,8 +59,8 @@ def kill_mid_run(g, victim: str, reqs: list[dict]) -> tuple[dict, list, float]:
     started = threading.Event()
     threads, results = run_concurrently(g.address, reqs, started, timeout=60)
     assert started.wait(60)
-    if g.log:
-        wait_logged(g.log)
+    if g.log:   # its writer thread commits behind the step loop (core/steplog.py)
+        wait_until(lambda: count(g.log), 30, "a logged step")
     t0 = time.monotonic()
     os.kill(pids[victim], signal.SIGKILL)
     for t in threads:

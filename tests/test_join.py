@@ -18,6 +18,7 @@ from frontend.replicas import JoinedReplica, same_model
 from scripts import ROOT
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
+from tests.logfaults import wait_until
 from tests.test_dp import stream_all, wait_replicas
 from tests.test_faults import REQS, run_concurrently
 from tests.test_frontend_lifecycle import free_port
@@ -99,17 +100,9 @@ def test_joined_replica_serves_and_its_death_loses_none(frontend_machine, tmp_pa
         other.stop(signal.SIGKILL)
     # noticed by its silence (frontend/replicas.py SILENCE_S, 2 s): at once when requests
     # had to run again, else up to 2 s after the kill; asserted at 5x
-    assert said(g, "joined replica 1's core", within=10), g.tail()
+    wait_until(lambda: "joined replica 1's core" in g.stderr.read_text(), 10,
+               "the frontend to log the joined replica's death")
     assert verify_log(other.log).returncode == 0
-
-
-def said(g, text: str, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while text not in g.stderr.read_text():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 @pytest.mark.slow  # 20 s on two cores

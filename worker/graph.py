@@ -8,11 +8,12 @@ decode kernel (every step in the batch-invariant mode; pure-decode steps otherwi
 
 What varies between steps is only shapes. The calls whose Python depends on a shape (the
 matmuls' row padding, the C kernels behind ctypes) are recorded as the ops
-`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear` and `tl::paged_decode`, whose kernels are the functions the eager forward
-calls. That the rest holds for a checkpoint's code is checked, not assumed: `capture` refuses
-a model whose code decides on a tensor in Python, and keeps the recording only if it answers
-a one-row and a five-row step bit for bit as the eager forward does; anything else leaves the
-runner eager, with one line on stderr saying why.
+`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear` and `tl::paged_decode`, whose
+kernels are the functions the eager forward calls. That the rest holds for a checkpoint's
+code is checked, not assumed: `capture` refuses a model whose code decides on a tensor in
+Python, and keeps the recording only if it answers a one-row and a five-row step bit for
+bit as the eager forward does; anything else leaves the runner eager, with one line on
+stderr saying why.
 """
 from __future__ import annotations
 

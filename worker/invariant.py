@@ -167,6 +167,4 @@ def _invariant(weight: torch.Tensor, bias: torch.Tensor | None, tile: int | None
 
 def _dims(weight: torch.Tensor) -> tuple[int, int]:
     """(out, in) features of a dense, oneDNN-packed or panel weight."""
-    if panels.is_panels(weight):
-        return weight.shape[0] * weight.shape[2], weight.shape[1]
-    return tuple(weight.shape)
+    return panels.features(weight) if panels.is_panels(weight) else tuple(weight.shape)

@@ -34,17 +34,24 @@ def kernel():
     line on stderr saying why."""
     if not enabled():
         return None
-    try:
-        lib = ctypes.CDLL(str(build(SOURCE)))
-    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
-        print(f"[worker] native decode attention unavailable, using torch: {e}",
-              file=sys.stderr, flush=True)
+    lib = load(SOURCE, "native decode attention unavailable, using torch")
+    if lib is None:
         return None
     lib.tl_paged_decode.argtypes = (_P, _P, _P, _P, _I64, _P, _INT, _INT, _INT, _INT, _INT,
                                     _F, _P, _INT)
     lib.tl_paged_decode.restype = _INT
     lib.tl_paged_decode_supports.argtypes = (_INT, _INT)
     return lib
+
+
+def load(source: Path, unavailable: str) -> ctypes.CDLL | None:
+    """The library built from `source`, or None with the line `unavailable: why` on stderr
+    (no compiler, a failed build, a library that does not load)."""
+    try:
+        return ctypes.CDLL(str(build(source)))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        print(f"[worker] {unavailable}: {e}", file=sys.stderr, flush=True)
+        return None
 
 
 def build(source: Path) -> Path:

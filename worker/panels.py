@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -34,11 +32,8 @@ def kernel():
     """The loaded library, or None with one line on stderr saying why."""
     if not enabled():
         return None
-    try:
-        lib = ctypes.CDLL(str(native.build(SOURCE)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        print(f"[worker] panel linear layers unavailable, using oneDNN: {e}", file=sys.stderr,
-              flush=True)
+    lib = native.load(SOURCE, "panel linear layers unavailable, using oneDNN")
+    if lib is None:
         return None
     lib.tl_panels_pack.argtypes = (_P, _P, _I64, _I64, _INT)
     lib.tl_panels_linear.argtypes = (_P, _P, _P, _P, _I64, _I64, _I64, _INT)
@@ -63,6 +58,11 @@ def is_panels(weight: torch.Tensor) -> bool:
     return weight.dim() == 3
 
 
+def features(weight: torch.Tensor) -> tuple[int, int]:
+    """(out, in) of the [out, in] weight that `pack` laid out as `weight`."""
+    return weight.shape[0] * weight.shape[2], weight.shape[1]
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     w = weight.detach().contiguous()
     n, k = w.shape
@@ -83,7 +83,7 @@ def panel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         raise TypeError(f"a panel linear layer of {weight.dtype} takes no {x.dtype} input")
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k).contiguous()
-    n = weight.shape[0] * weight.shape[2]
+    n = features(weight)[0]
     out = torch.empty(flat.shape[0], n, dtype=x.dtype)
     if flat.shape[0]:
         b = None if bias is None else bias.contiguous()
