@@ -23,12 +23,19 @@ from frontend.client import AsyncClient
 from scripts.group.harness import start_group
 
 
+ABORT_ROOM = 64  # tokens a request to be aborted still has to go when its abort is sent
+
+
 def workload(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    return [{"id": f"soak{i}", "prompt": [rng.randrange(0, 256) for _ in range(rng.randint(1, 100))],
+    reqs = [{"id": f"soak{i}", "prompt": [rng.randrange(0, 256) for _ in range(rng.randint(1, 100))],
              "max_tokens": rng.randint(1, 48), "priority": rng.randint(-5, 10),
              "abort_after": rng.randint(0, 10) if rng.random() < 0.1 else None}
             for i in range(n)]
+    for r in reqs:  # an abort must land mid-stream, however fast the engine finishes
+        if r["abort_after"] is not None:
+            r["max_tokens"] = r["abort_after"] + ABORT_ROOM
+    return reqs
 
 
 async def one(c: AsyncClient, r: dict) -> tuple[str, list[int]]:
