@@ -14,7 +14,7 @@ import sys
 import zmq
 
 from core.ipc.channel import is_loopback
-from core.ipc.lifeline import die_with_parent
+from core.ipc.lifeline import die_with_parent, exit_now
 from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES
 from frontend.process import DEFAULT_ADDRESS, Frontend, FrontendConfig
 
@@ -81,4 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

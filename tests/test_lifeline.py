@@ -2,6 +2,7 @@
 interrupt comes out of the graph wrapped in a RuntimeError (worker/graph.py's ops are such)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -63,3 +64,21 @@ def test_end_quietly_lets_other_errors_through():
             raise ValueError("not a SIGTERM")
     with Interrupts().end_quietly():
         raise KeyboardInterrupt  # ctrl-C ends quietly too
+
+
+def test_exit_now_keeps_the_exit_code_and_everything_written():
+    """exit_now skips the interpreter's teardown (slow with torch imported) but not what
+    the process wrote: buffered stdout into a pipe and a logging handler's stream."""
+    code = ("import logging, sys\n"
+            "from core.ipc.lifeline import exit_now\n"
+            "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
+            "print('to stdout', end='')\n"
+            "sys.stderr.write('to stderr ')\n"
+            "logging.warning('logged')\n"
+            "exit_now(3)\n"
+            "print('never')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # exit_now must flush itself
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert (r.returncode, r.stdout) == (3, "to stdout")
+    assert r.stderr.split() == ["to", "stderr", "logged"]

@@ -4,7 +4,7 @@ import sys
 
 import zmq
 
-from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
+from core.ipc.lifeline import die_with_parent, exit_now, sigterm_as_interrupt
 
 
 def main(argv=None) -> int:
@@ -66,4 +66,4 @@ def _bad_ranks(a) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,6 +1,5 @@
 """`python -m frontend.http`: run the gateway (frontend/http/server.py)."""
-import sys
-
+from core.ipc.lifeline import exit_now
 from frontend.http.server import main
 
-sys.exit(main())
+exit_now(main())
