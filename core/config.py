@@ -5,6 +5,7 @@ import argparse
 from dataclasses import asdict, dataclass
 
 from core.engine import Engine
+from core.logrecords import FORMAT
 from core.ipc.protocol import ModelInfo
 from core.sched import (Chunked, FreeListBlocks, PrefixCacheBlocks, SchedPolicy, Scheduler,
                         SchedulerConfig, WholePrompt)
@@ -124,19 +125,22 @@ def engine_from_meta(meta: dict, runner=None, log=None) -> Engine:
     return build_engine(SchedulerConfig(**sc), pf["kind"], pf["max_chunk"], meta["block_size"],
                         meta["num_blocks"], meta["model_info"]["eos_ids"], meta["seed"],
                         runner, log, prefix_cache=meta.get("prefix_cache", False),
-                        overlap=meta.get("overlap", False))
+                        overlap=meta.get("overlap", False),
+                        log_format=meta.get("format", FORMAT))
 
 
 def build_engine(sched_config: SchedulerConfig, prefill: str, max_chunk: int, block_size: int,
                  num_blocks: int, eos_ids, seed: int, runner=None, log=None,
-                 prefix_cache: bool = False, overlap: bool = False) -> Engine:
+                 prefix_cache: bool = False, overlap: bool = False,
+                 log_format: int = FORMAT) -> Engine:
     """The engine of CoreConfig.make_engine and engine_from_meta: `prefill` is "chunked"
     (chunks of at most max_chunk tokens) or "whole"; block ids 0..num_blocks-1. Logs made
     before the prefix cache existed have no `prefix_cache` key: they ran without it, and
-    logs made before overlapped scheduling have no `overlap` key."""
+    logs made before overlapped scheduling have no `overlap` key. `log_format`: the state
+    hash is that step log format's (replay of an older log computes the older hash)."""
     policy = Chunked(max_chunk) if prefill == "chunked" else WholePrompt()
     pool = (PrefixCacheBlocks if prefix_cache else FreeListBlocks)(block_size, range(num_blocks))
     sched = Scheduler(sched_config, pool, policy)
     from core.overlap import OverlapEngine   # it subclasses Engine, which this module imports
     return (OverlapEngine if overlap else Engine)(sched, runner, eos_ids=eos_ids, seed=seed,
-                                                   log=log)
+                                                   log=log, log_format=log_format)

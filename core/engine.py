@@ -16,10 +16,11 @@ import msgpack
 from core.batch import build_batch, sampled_ids
 from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.kept_tables import KeptTables
-from core.logrecords import StepRecord
+from core.logrecords import FORMAT, StepRecord
 from core.request_metrics import RequestClock
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
+from core.table_ledger import TableLedger
 
 SEED_MASK = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
@@ -115,8 +116,11 @@ class Extras:
 class Engine:
     overlap = False   # core/overlap.py's OverlapEngine plans a step while the last one runs
 
-    def __init__(self, sched: Scheduler, runner=None, *, eos_ids=(), seed: int = 0, log=None):
+    def __init__(self, sched: Scheduler, runner=None, *, eos_ids=(), seed: int = 0, log=None,
+                 log_format: int = FORMAT):
         self.sched, self.runner = sched, runner
+        # the state hash of this log format (replay of an older log computes the old one)
+        self._ledger = TableLedger() if log_format >= 3 else None
         self.eos_ids = frozenset(eos_ids)
         self.seed = seed
         self.log = log or NullLog()
@@ -294,6 +298,9 @@ class Engine:
         (default: the last plan's)."""
         doc = schedule_json(out, self.last_hits if hits is None else hits)
         snapshot = self.sched.snapshot()
+        if self._ledger is not None:   # tables as lengths and appends (core/table_ledger.py)
+            *counters, running = snapshot
+            snapshot = (*counters, *self._ledger.entries(running))
         summary = getattr(self.sched.blocks, "summary", None)
         if summary is not None:   # the cache's state too (absent without one: old hashes hold)
             snapshot = (*snapshot, summary())

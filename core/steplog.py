@@ -23,10 +23,9 @@ from dataclasses import asdict
 
 import sqlite_utils
 
-from core.logrecords import Gap, InputRecord, StepRecord, columns
+from core.logrecords import FORMAT, Gap, InputRecord, StepRecord, columns
 from core.logwriter import CHECKPOINT_S, Writer, say
 
-FORMAT = 2  # bump when the tables or the state hash change meaning
 ON_ERROR = ("stop", "serve")
 MAX_BACKLOG = 1_000_000  # records (a step's outputs count one each): ~100 MB
 

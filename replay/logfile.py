@@ -8,7 +8,8 @@ import sqlite3
 from contextlib import contextmanager
 
 from core.logrecords import Gap, InputRecord, StepRecord, select_sql
-from core.steplog import FORMAT, GAPS, SCHEMA
+from core.logrecords import READABLE_FORMATS
+from core.steplog import GAPS, SCHEMA
 
 # logs made before these columns existed lack them
 OPTIONAL_COLUMNS = {("requests", "user"), ("requests", "arrival_time")}
@@ -81,8 +82,9 @@ class LogFile:
         fmt = self.meta.get("format")
         if fmt is None:
             raise DamagedLog(f"{self.path}: truncated step log: its meta table has no format")
-        if fmt != FORMAT:
-            raise DamagedLog(f"{self.path}: step log format {fmt}; this replay reads format {FORMAT}")
+        if fmt not in READABLE_FORMATS:
+            raise DamagedLog(f"{self.path}: step log format {fmt}; this replay reads formats"
+                             f" {', '.join(map(str, READABLE_FORMATS))}")
 
     def _check_gaps(self) -> None:
         if "gaps" not in self._tables():
