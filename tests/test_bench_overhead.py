@@ -1,6 +1,7 @@
 """scripts/bench overhead's in-run forward time: the worker writes its time per batch to the
 file TL_WORKER_TIMES names (worker/process.py), the benchmark averages it over the steps it
-measures (scripts/benchmarks/overhead.py)."""
+measures (scripts/benchmarks/overhead.py). Its sink reads the frontend's frames as plain
+msgpack maps."""
 from __future__ import annotations
 
 import threading
@@ -10,8 +11,9 @@ import pytest
 import zmq
 
 from core.ipc.channel import Channel
-from core.ipc.protocol import Shutdown, StepResult, WorkerReady
-from scripts.benchmarks.overhead import worker_ms
+from core.ipc.protocol import (Delta, ErrorReply, Generate, Shutdown, StatsReply, StepResult,
+                               WorkerReady, decode, encode)
+from scripts.benchmarks.overhead import sink, worker_ms
 from worker.handmade import Part, make_batch
 from worker.null import NullRunner
 from worker.process import TIMES_ENV, serve
@@ -50,3 +52,43 @@ def test_worker_ms_averages_the_measured_steps_and_needs_them_all(tmp_path):
     assert worker_ms(times, rows) == 30.0
     with pytest.raises(RuntimeError, match="lack steps"):
         worker_ms(times, rows + [SimpleNamespace(step=9)])
+
+
+def fake_frontend(address: str, n: int, replies) -> threading.Thread:
+    """A ROUTER that answers `n` Generates, each with `replies(request)`: the frames the
+    real frontend would send (encoded by core.ipc.protocol)."""
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(address)
+
+    def serve():
+        try:
+            for _ in range(n):
+                if not router.poll(10_000):
+                    return
+                ident, frame = router.recv_multipart()
+                for msg in replies(decode(frame, None, 1 << 20)):
+                    router.send_multipart([ident, encode(msg)])
+        finally:
+            router.close(linger=1000)
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_the_sink_counts_every_token_and_waits_for_every_finish(tmp_path):
+    def replies(g: Generate):
+        return [Delta(g.request_id, "", [7] * (g.max_tokens - 1)), StatsReply({}),
+                Delta(g.request_id, "", [8], finish_reason="length")]
+    t = fake_frontend(f"ipc://{tmp_path}/fe", 3, replies)
+    reqs = [SimpleNamespace(prompt=[1, 2], max_tokens=n) for n in (1, 5, 30)]
+    wall, tokens = sink(f"ipc://{tmp_path}/fe", reqs, timeout=10)
+    assert tokens == 36 and wall > 0
+    t.join(15)
+
+
+def test_the_sink_fails_on_an_error_reply(tmp_path):
+    t = fake_frontend(f"ipc://{tmp_path}/fe", 1, lambda g: [ErrorReply(g.request_id, 429, "busy")])
+    with pytest.raises(RuntimeError, match="429 busy"):
+        sink(f"ipc://{tmp_path}/fe", [SimpleNamespace(prompt=[1], max_tokens=2)], timeout=10)
+    t.join(15)

@@ -98,10 +98,13 @@ def sink(address: str, reqs, timeout: float = 300,
     """Send every request at once on a raw DEALER and read every reply to the end:
     (wall seconds, output tokens). A measuring instrument, not the client library: its
     receive queue is unbounded (RCVHWM 0), so it never falls behind at the zmq level,
-    and it does little per delta."""
+    and it does little per delta: it drains what has arrived after each poll and reads
+    the frames as plain msgpack maps (the protocol's checked decode took 6.9 us a frame,
+    this 2.0): on 2 cores, every cycle it spends is taken from the group it measures."""
+    import msgpack
     import zmq
 
-    from core.ipc.protocol import Delta, ErrorReply, Generate, decode, encode
+    from core.ipc.protocol import Delta, ErrorReply, Generate, encode
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.RCVHWM, 0)
@@ -113,18 +116,24 @@ def sink(address: str, reqs, timeout: float = 300,
             sock.send(encode(Generate(request_id=f"o{i}", prompt=r.prompt,
                                       max_tokens=r.max_tokens, ignore_eos=True)))
         left, tokens = len(reqs), 0
+        unpack, recv, again = msgpack.unpackb, sock.recv, zmq.Again
         while left:
             if not sock.poll(int(timeout * 1000)):
                 raise TimeoutError(f"no reply within {timeout}s; {left} requests unfinished")
-            msg = decode(sock.recv(), None, 1 << 30)
-            if isinstance(msg, ErrorReply):
-                raise RuntimeError(f"request {msg.request_id}: {msg.code} {msg.message}")
-            if isinstance(msg, Delta):
-                tokens += len(msg.token_ids)
-                if msg.finish_reason is not None:
-                    left -= 1
-                    if bar is not None:
-                        bar.tick()
+            while left:
+                try:
+                    msg = unpack(recv(zmq.NOBLOCK))
+                except again:
+                    break
+                if msg["t"] == ErrorReply.TAG:
+                    raise RuntimeError(f"request {msg['request_id']}: {msg['code']}"
+                                       f" {msg['message']}")
+                if msg["t"] == Delta.TAG:
+                    tokens += len(msg["token_ids"])
+                    if msg["finish_reason"] is not None:
+                        left -= 1
+                        if bar is not None:
+                            bar.tick()
         return time.perf_counter() - t0, tokens
     finally:
         sock.close()
