@@ -5,8 +5,8 @@ import argparse
 from dataclasses import asdict, dataclass
 
 from core.engine import Engine
-from core.logrecords import FORMAT
 from core.ipc.protocol import ModelInfo
+from core.logrecords import FORMAT
 from core.sched import (Chunked, FreeListBlocks, PrefixCacheBlocks, SchedPolicy, Scheduler,
                         SchedulerConfig, WholePrompt)
 

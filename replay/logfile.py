@@ -7,8 +7,7 @@ import os
 import sqlite3
 from contextlib import contextmanager
 
-from core.logrecords import Gap, InputRecord, StepRecord, select_sql
-from core.logrecords import READABLE_FORMATS
+from core.logrecords import READABLE_FORMATS, Gap, InputRecord, StepRecord, select_sql
 from core.steplog import GAPS, SCHEMA
 
 # logs made before these columns existed lack them
