@@ -30,8 +30,10 @@ class KeptTables:
         seen, pieces = self._seen, []
         for s, t in zip(seq_ids, tables):
             entry = seen.get(s)
-            if entry is None or entry[0] is not t or entry[1] != len(t):
-                entry = seen[s] = _converted(t, entry)
+            start = appended_from(entry, t)
+            if start is not None:
+                kept = entry[2] if start else b""
+                entry = seen[s] = (t, len(t), kept + I32(t[start:]).tobytes())
             pieces.append(entry[2])
             if len(t) < width:
                 pieces.append(bytes(4 * (width - len(t))))
@@ -44,7 +46,13 @@ class KeptTables:
             self._seen = {s: self._seen[s] for s in seq_ids if s in self._seen}
 
 
-def _converted(table, old) -> tuple[list, int, bytes]:
-    if old is not None and old[0] is table and old[1] < len(table):
-        return table, len(table), old[2] + I32(table[old[1]:]).tobytes()
-    return table, len(table), I32(table).tobytes()
+def appended_from(entry: tuple | None, table: Sequence[int]) -> int | None:
+    """Where the blocks of `table` that `entry` (the table list and its length when last
+    seen, then anything) does not hold begin: None when it is the same list at the same
+    length, the old length when the same list grew, 0 for another list (all new)."""
+    if entry is not None and entry[0] is table:
+        if entry[1] == len(table):
+            return None
+        if entry[1] < len(table):
+            return entry[1]
+    return 0

@@ -5,16 +5,17 @@ Format 2 hashed every table whole every step: O(blocks held) per step, 0.37 of t
 its msgpack took at 256 requests of ~95 blocks, and more as contexts grow. Format 3 is
 O(running requests) per step, plus the blocks appended since the last step.
 
-Exact because of how core/blocks.py and core/prefix_cache.py keep tables (as
-core/kept_tables.py relies on): a live table is one list that only grows by appending,
-and a new allocation is a new list. The hash chain holds every step's appends, so a
-table's contents reach every later hash just as the whole table did. An entry keeps its
-list alive, so `is` cannot match a new list at a recycled address. tests/test_table_ledger.py
-rebuilds every table from the changes over traffic that preempts, frees and grows them.
+Exact for the reason core/kept_tables.py is (a live table is one list that only grows at
+its end; a new allocation is a new list), found the same way (`appended_from`). The hash
+chain holds every step's appends, so a table's contents reach every later hash just as the
+whole table did. tests/test_table_ledger.py rebuilds every table from the changes over
+traffic that preempts, frees and grows them.
 """
 from __future__ import annotations
 
 from typing import Hashable, Sequence
+
+from core.kept_tables import appended_from
 
 
 class TableLedger:
@@ -29,9 +30,8 @@ class TableLedger:
         rows, changes = [], []
         for id, n, c, table in running:
             k = len(table)
-            entry = seen.get(id)
-            start = entry[1] if entry is not None and entry[0] is table and entry[1] <= k else 0
-            if start < k:
+            start = appended_from(seen.get(id), table)
+            if start is not None and start < k:
                 changes.append((id, start, list(table[start:])))
             now[id] = (table, k)
             rows.append((id, n, c, k))

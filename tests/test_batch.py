@@ -12,10 +12,9 @@ from core.ipc.protocol import I32, SamplingParams
 from core.kept_tables import KeptTables
 from core.prefix_cache import PrefixCacheBlocks
 from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig, StepOutput
+from tests.table_traffic import BS, traffic
 from worker.handmade import Part, make_batch
 from worker.step import seq_slots
-
-BS = 4
 
 
 def test_a_schedule_and_hand_made_parts_give_the_same_layout():
@@ -54,20 +53,11 @@ def test_kept_table_bytes_give_the_batch_a_fresh_conversion_gives(pool):
     """Random traffic through a pool small enough to preempt (tables freed, allocated anew
     and grown): every step's block_tables through one KeptTables equal a conversion from
     scratch."""
-    rng = random.Random(1)
-    sched = Scheduler(SchedulerConfig(max_batch_tokens=24, max_seqs=6), pool(BS, range(40)),
-                      Chunked(8))
-    kept, preempted, steps = KeptTables(), 0, 0
-    for _ in range(12):
-        sched.add(Request([rng.randrange(1, 9) for _ in range(rng.randrange(1, 20))],
-                          rng.randrange(1, 40)))
-    while sched.has_unfinished() and steps < 2000:
-        out = sched.schedule()
+    kept, preempted = KeptTables(), 0
+    for step, sched, out in traffic(pool, seed=1):
+        if out is None:
+            continue
         preempted += len(out.preempted)
-        got = build_batch(steps, out, sched, {}, None, kept)
-        assert got == build_batch(steps, out, sched, {}), steps
-        sched.on_step([StepOutput(i, rng.randrange(1, 9)) for i in sampled_ids(out)])
-        steps += 1
-        if steps % 7 == 0 and steps < 100:
-            sched.add(Request([rng.randrange(1, 9) for _ in range(5)], 30))
-    assert preempted and not sched.has_unfinished()
+        got = build_batch(step, out, sched, {}, None, kept)
+        assert got == build_batch(step, out, sched, {}), step
+    assert preempted

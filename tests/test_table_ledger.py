@@ -2,49 +2,19 @@
 each block once, from which every table can be rebuilt exactly at every step."""
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from core.prefix_cache import PrefixCacheBlocks
-from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig, StepOutput
+from core.sched import FreeListBlocks
 from core.table_ledger import TableLedger
-
-BS = 4
-
-
-def traffic(pool, seed: int):
-    """A scheduler under random traffic through a pool small enough to preempt (tables
-    freed, allocated anew and grown); prompts share prefixes, so the cache hits. Yields
-    after each schedule and after each step's outputs."""
-    rng = random.Random(seed)
-    sched = Scheduler(SchedulerConfig(max_batch_tokens=24, max_seqs=6), pool(BS, range(40)),
-                      Chunked(8))
-    heads = [[rng.randrange(1, 9) for _ in range(9)] for _ in range(3)]
-
-    def add(n: int):
-        sched.add(Request(rng.choice(heads) + [rng.randrange(1, 9) for _ in range(n)],
-                          rng.randrange(1, 40)))
-    for _ in range(12):
-        add(rng.randrange(0, 12))
-    steps = 0
-    while sched.has_unfinished() and steps < 2000:
-        out = sched.schedule()
-        yield sched, out
-        sched.on_step([StepOutput(i, rng.randrange(1, 9)) for i in out.decode] +
-                      [StepOutput(c.id, rng.randrange(1, 9)) for c in out.prefill if c.last])
-        yield sched, None
-        steps += 1
-        if steps % 7 == 0 and steps < 100:
-            add(5)
-    assert not sched.has_unfinished()
+from tests.table_traffic import traffic
 
 
 @pytest.mark.parametrize("pool", [FreeListBlocks, PrefixCacheBlocks])
 def test_every_table_is_rebuilt_from_the_ledger_at_every_step(pool):
     ledger, rebuilt = TableLedger(), {}
     preempted = sent = held = 0
-    for sched, out in traffic(pool, seed=1):
+    for _, sched, out in traffic(pool, seed=1):
         preempted += len(out.preempted) if out else 0
         running = sched.snapshot()[6]
         rows, changes = ledger.entries(running)
