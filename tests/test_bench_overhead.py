@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import zmq
 
-from core.ipc.channel import Channel
+from core.ipc.channel import Channel, Router
 from core.ipc.protocol import (Delta, ErrorReply, Generate, Shutdown, StatsReply, StepResult,
-                               WorkerReady, decode, encode)
+                               WorkerReady)
 from scripts.benchmarks.overhead import sink, worker_ms
 from worker.handmade import Part, make_batch
 from worker.null import NullRunner
@@ -55,22 +55,19 @@ def test_worker_ms_averages_the_measured_steps_and_needs_them_all(tmp_path):
 
 
 def fake_frontend(address: str, n: int, replies) -> threading.Thread:
-    """A ROUTER that answers `n` Generates, each with `replies(request)`: the frames the
-    real frontend would send (encoded by core.ipc.protocol)."""
-    ctx = zmq.Context.instance()
-    router = ctx.socket(zmq.ROUTER)
-    router.bind(address)
+    """The frontend's own Router, answering `n` Generates, each with `replies(request)`."""
+    router = Router(zmq.Context.instance(), address, accept=(Generate,))
 
     def serve():
         try:
             for _ in range(n):
                 if not router.poll(10_000):
                     return
-                ident, frame = router.recv_multipart()
-                for msg in replies(decode(frame, None, 1 << 20)):
-                    router.send_multipart([ident, encode(msg)])
+                ident, request = router.recv()
+                for msg in replies(request):
+                    router.send(ident, msg)
         finally:
-            router.close(linger=1000)
+            router.sock.close(linger=1000)  # as the frontend closes it: replies still leave
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     return t
