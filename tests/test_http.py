@@ -13,11 +13,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -225,36 +223,11 @@ def test_bad_chat_and_unknown_route(gateway, oai):
 # ------------------------------------------------------------------ priority, 429, disconnect
 
 
-@contextmanager
-def throttled(pid: int, stop_s: float = 0.02, run_s: float = 0.002):
-    """The process runs run_s in every stop_s + run_s (SIGSTOP/SIGCONT): about ten times
-    slower, but every step still ends, so the core keeps admitting between steps."""
-    done = threading.Event()
-
-    def toggle():
-        while not done.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            done.wait(stop_s)
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(run_s)
-    t = threading.Thread(target=toggle, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        done.set()
-        t.join(5)
-        os.kill(pid, signal.SIGCONT)
-
-
 async def _queue_scenario(url: str, address: str) -> dict:
     """One long request holds the seat; 3 low-priority requests wait, then a high one; the
-    queue is then full, so one more gets 429. Dropping the long stream frees the seat.
-    The worker is throttled meanwhile: unthrottled, the long request's 2,040 tokens could
-    all be out before the queue is full, and then there is nothing left to abort."""
+    queue is then full, so one more gets 429. Dropping the long stream frees the seat."""
     done = {}
     async with aiohttp.ClientSession() as s, AsyncClient(address, timeout=10) as c:
-        worker = (await c.stats())["pids"]["worker"]
         async def post(prio: int, key: str):
             async with s.post(url + "/v1/completions", headers={"X-TL-Priority": str(prio)},
                               json={"prompt": "queued", "max_tokens": 3,
@@ -268,15 +241,14 @@ async def _queue_scenario(url: str, address: str) -> dict:
         long = await s.post(url + "/v1/completions", json={
             "prompt": "long", "max_tokens": 2040, "ignore_eos": True, "stream": True})
         await long.content.readline()  # the first chunk: the long request runs
-        with throttled(worker):
-            tasks = [asyncio.create_task(post(-1, f"low{i}")) for i in range(3)]
-            await asyncio.wait_for(waiting(3), 20)
-            tasks.append(asyncio.create_task(post(100, "high")))
-            await asyncio.wait_for(waiting(4), 20)
-            async with s.post(url + "/v1/completions", json={"prompt": "one too many"}) as r:
-                done["full"] = (r.status, await r.json(), r.headers.get("Retry-After"))
-            long.close()  # the client disconnects mid-stream
-            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        tasks = [asyncio.create_task(post(-1, f"low{i}")) for i in range(3)]
+        await asyncio.wait_for(waiting(3), 20)
+        tasks.append(asyncio.create_task(post(100, "high")))
+        await asyncio.wait_for(waiting(4), 20)
+        async with s.post(url + "/v1/completions", json={"prompt": "one too many"}) as r:
+            done["full"] = (r.status, await r.json(), r.headers.get("Retry-After"))
+        long.close()  # the client disconnects mid-stream
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
     return done
 
 
