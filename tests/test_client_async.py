@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from core.ipc.protocol import Delta, ErrorReply
 from frontend.client import AsyncClient, ClientError
 from tests.fake_core import running_engine
 
@@ -72,5 +73,23 @@ def test_errors(engine):
                     await c.generate(**kwargs)
                 assert e.value.code == code, kwargs
             assert (await c.generate("ok")).text == "ok"
+
+    run(main())
+
+
+def test_a_disconnect_after_the_last_reply_adds_no_second_one(engine):
+    """A request whose final reply is queued but not yet read is over: the frontend's
+    connection dropping then must not queue it a 503 as well (one final reply each)."""
+    async def main():
+        async with AsyncClient(engine.address, timeout=10) as c:
+            s = c.stream("slow abcdefgh", max_tokens=100, request_id="a-final")
+            first = await s.__anext__()
+            queue = c._queues["a-final"]
+            c._dispatch(Delta("a-final", "", [], finish_reason="length"))
+            assert c.inflight == 0
+            c._fail_all(ErrorReply(None, 503, "lost"))
+            rest = [d async for d in s]
+            assert first.finish_reason is None and [d.finish_reason for d in rest][-1] == "length"
+            assert all(d.finish_reason is None for d in rest[:-1]) and queue.empty()
 
     run(main())

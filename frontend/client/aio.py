@@ -107,7 +107,8 @@ class AsyncClient:
                 done = ends(item)
                 yield settle(item)
         finally:
-            self._queues.pop(request_id, None)
+            if self._queues.get(request_id) is queue:  # else its final reply came (_dispatch)
+                del self._queues[request_id]
             if not done and not self._closed:
                 await self._send(Abort(request_id))
 
@@ -149,7 +150,12 @@ class AsyncClient:
 
     def _dispatch(self, reply) -> None:
         if isinstance(reply, (Delta, ErrorReply)) and reply.request_id in self._queues:
-            self._queues[reply.request_id].put_nowait(reply)
+            # a request whose last reply is queued is no longer in flight: a later
+            # disconnect must not queue it a second one (_fail_all)
+            queue = self._queues[reply.request_id]
+            if ends(reply):
+                del self._queues[reply.request_id]
+            queue.put_nowait(reply)
         elif isinstance(reply, StatsReply) or (isinstance(reply, ErrorReply)
                                                 and reply.request_id is None):
             while self._stats_waiters:
