@@ -17,6 +17,7 @@ from core.ipc.channel import Channel
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.frontend_link import BEAT_S, FrontendLink
+from core.frontend_watch import FrontendWatch
 from core.ipc.lifeline import pid_alive
 from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreStats, Hello,
                            I32, JoinRefused, ProtocolError, Rejected, StatsQuery, StepEvents,
@@ -79,7 +80,7 @@ class CoreLoop:
         self.info = None
         self.log: StepLog | None = None
         self._ready_pending: WorkerReady | None = None
-        self._frontend_pid: int | None = None
+        self.frontend = FrontendWatch(local=not self.link.joined)
 
     # ---- start-up
 
@@ -138,6 +139,9 @@ class CoreLoop:
             if not busy:
                 self.engine.log.flush()
             self.drain_inputs(block_ms=0 if busy else 1000)
+            dead = self.frontend.died()
+            if dead is not None:
+                self.orphan(f"frontend {dead} died")
             if not busy and not pid_alive(self.worker_pid):
                 self.replace_worker("it exited while idle", abandon=False)
             self.shed()
@@ -203,15 +207,19 @@ class CoreLoop:
         """A new frontend: the requests of the one before it have nobody to answer to. A
         repeated Hello from the same frontend (a joined replica may be greeted twice) only
         gets CoreReady again."""
-        same, self._frontend_pid = msg.pid == self._frontend_pid, msg.pid
-        orphans = [] if same else list(self.seq_of.values())
-        for seq_id in orphans:
-            self.drop(seq_id)
-        if orphans:
-            _log(f"frontend {msg.pid} connected: aborted {len(orphans)} request(s) of the one before")
+        if self.frontend.greet(msg.pid):
+            self.orphan(f"frontend {msg.pid} connected")
         self.announce()
         if self.link.joined:
             print(f"JOINED {self.cfg.join}", flush=True)   # scripts/serve --join waits for it
+
+    def orphan(self, why: str) -> None:
+        """Abort (logged) every request held: the frontend they came from is gone."""
+        orphans = list(self.seq_of.values())
+        for seq_id in orphans:
+            self.drop(seq_id)
+        if orphans:
+            _log(f"{why}: aborted {len(orphans)} request(s) of the frontend before")
 
     def stop(self, msg: StopRequest) -> None:
         """A stop string ended the request at the frontend: finish it "stop" here too, and

@@ -167,16 +167,35 @@ def test_core_death_503s_within_2s_and_the_log_verifies(tmp_path):
     assert r.returncode == 0 and "steps verified" in r.stdout, r.stdout
 
 
+# long enough to be running still when the kill lands, on a machine busy enough that 5
+# tokens take long to reach the test (2 requests of the tiny model: ~2 ms a step here)
+LONG = [dict(r, max_tokens=1900) for r in REQS[:2]]
+
+
+def aborts(log) -> int:
+    with sqlite3.connect(f"file:{log}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT count(*) FROM inputs WHERE kind = 'abort'").fetchone()[0]
+
+
 @pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
     """kill -9 of the frontend: its clients get 503 at once (they see the connection
-    drop), serve starts a new frontend on the same address, the core and worker run on,
-    and the core aborts the dead frontend's requests (logged)."""
+    drop), the core aborts its requests (logged) once it finds the frontend's pid gone, serve
+    starts a new frontend on the same address, and the core and worker run on. serve is
+    stopped over the kill, so no successor's Hello can be what aborts them."""
     g = start_group(tmp_path, [])
     try:
-        pids, results, took = kill_mid_run(g, "frontend", REQS[:2])
+        os.kill(g.proc.pid, signal.SIGSTOP)
+        try:
+            pids, results, took = kill_mid_run(g, "frontend", LONG)
+            t0 = time.monotonic()
+            wait_until(lambda: aborts(g.log) == 2, 10, "the core's aborts")
+            noticed = time.monotonic() - t0
+        finally:
+            os.kill(g.proc.pid, signal.SIGCONT)
         assert all(isinstance(r, ClientError) and r.code == 503 for r in results), results
         assert took < 10, took  # the aim is 2 s; here it is the clients' disconnect event
+        assert noticed < 5, noticed  # the aim: its pid is checked every 0.1 s; the log lags
         after = wait_new_frontend(g.address, pids["frontend"])
         with Client(g.address, timeout=60) as c:
             assert c.generate([5, 6, 7], max_tokens=4).finish_reason == "length"
@@ -189,6 +208,7 @@ def test_frontend_death_fails_its_requests_and_only_them(tmp_path):
     reasons = [r[0] for r in conn.execute("SELECT finish_reason FROM requests")]
     assert reasons and all(r is not None for r in reasons), reasons
     assert reasons.count("abort") == 2, reasons
+    assert f"frontend {pids['frontend']} died: aborted 2 request(s)" in g.stderr.read_text()
 
 
 @pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
