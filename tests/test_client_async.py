@@ -93,3 +93,29 @@ def test_a_disconnect_after_the_last_reply_adds_no_second_one(engine):
             assert all(d.finish_reason is None for d in rest[:-1]) and queue.empty()
 
     run(main())
+
+
+def test_a_cancel_that_is_accepted_always_ends_the_wait_for_a_reply():
+    """The gateway cancels a stream whose HTTP client left; the stream's `finally` then
+    aborts the request. A cancel that lands after the next reply was queued but before the
+    waiting task resumed must still end the wait (Python 3.11's asyncio.wait_for returned
+    the reply instead, and the stream ran on to its end)."""
+    async def main():
+        c = AsyncClient("tcp://127.0.0.1:9", timeout=5)
+        try:
+            for k in range(6):   # every moment from the reply's arrival to the wake-up
+                queue = asyncio.Queue()
+                task = asyncio.create_task(c._next(queue))
+                await asyncio.sleep(0)
+                queue.put_nowait("reply")
+                for _ in range(k):
+                    await asyncio.sleep(0)
+                if task.cancel():
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                else:
+                    assert await task == "reply"
+        finally:
+            await c.close()
+
+    run(main())

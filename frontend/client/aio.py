@@ -82,8 +82,9 @@ class AsyncClient:
         self._stats_waiters.append(fut)
         try:
             await self._send(Stats())
-            reply = await asyncio.wait_for(asyncio.shield(fut), self.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.timeout):
+                reply = await asyncio.shield(fut)
+        except TimeoutError:
             raise timeout_error(self.timeout) from None
         finally:
             if fut in self._stats_waiters:
@@ -113,9 +114,13 @@ class AsyncClient:
                 await self._send(Abort(request_id))
 
     async def _next(self, queue: asyncio.Queue):
+        # not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands once the
+        # queue has handed over an item, and a stream whose HTTP client left would then
+        # run to its end unaborted (asyncio.timeout passes every cancel on)
         try:
-            return await asyncio.wait_for(queue.get(), self.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.timeout):
+                return await queue.get()
+        except TimeoutError:
             raise timeout_error(self.timeout) from None
 
     async def _send(self, msg) -> None:

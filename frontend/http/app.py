@@ -135,7 +135,8 @@ async def _body(request: web.Request) -> tuple[dict, int | None]:
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
     timeout = request.app[GATEWAY].body_timeout
     try:
-        raw = await asyncio.wait_for(request.read(), timeout)
+        async with asyncio.timeout(timeout):   # not wait_for: see AsyncClient._next
+            raw = await request.read()
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
     return parse_json(raw), priority
@@ -206,6 +207,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def _stats(gw: Gateway) -> dict | None:
     try:
-        return await asyncio.wait_for(gw.client.stats(), HEALTH_TIMEOUT_S)
+        async with asyncio.timeout(HEALTH_TIMEOUT_S):   # not wait_for: see AsyncClient._next
+            return await gw.client.stats()
     except (TimeoutError, ClientError):
         return None

@@ -75,7 +75,8 @@ async def wait_for_engine(client: ClientPool, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return await asyncio.wait_for(client.stats(), max(0.1, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                return await client.stats()
         except (TimeoutError, ClientError) as e:
             if time.monotonic() >= deadline:
                 raise ClientError(503, f"the engine at {client.address} is not ready: {e}")
