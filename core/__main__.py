@@ -6,7 +6,8 @@ import zmq
 
 from core.config import add_sched_args, config_from_args
 from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
-from core.process import CoreLoop, Refused, WorkerLost
+from core.process import CoreLoop, Refused
+from core.worker_link import WorkerLost
 
 SWITCH_INTERVAL_S = 0.0005
 

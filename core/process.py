@@ -7,46 +7,28 @@ loop blocks on its sockets. The core never imports torch or transformers.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
 import zmq
 
-from core.ipc.channel import Channel
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.frontend_link import BEAT_S, FrontendLink
 from core.frontend_watch import FrontendWatch
-from core.ipc.lifeline import pid_alive
 from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreStats, Hello,
                            I32, JoinRefused, ProtocolError, Rejected, StatsQuery, StepEvents,
                            StepResult, StopRequest, WorkerReady)
 from core.steplog import StepLog
+from core.worker_link import WorkerDied, WorkerLink, WorkerLost
 from core.sched import AdmitError, Finished, QueueFull, Request, TokenEvent
 
 
-WORKER_CHECK_S = 0.1     # how often the worker's pid is checked while a step runs
 RESTART_WAIT_S = 300.0   # how long the core waits for a replacement worker
-
-
-class WorkerLost(Exception):
-    """No worker came back after one died (serve gave up on restarting it)."""
 
 
 class Refused(Exception):
     """The frontend this replica joined will not route to it (JoinRefused)."""
-
-
-class WorkerDied(Exception):
-    """The worker died, or hung past the step timeout (and was killed), mid-step."""
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def prefix_stats(blocks) -> dict:
@@ -67,46 +49,28 @@ class CoreLoop:
         self.link = FrontendLink(ctx, cfg.frontend_in, cfg.frontend_out, cfg.join)
         self.fe_in, self.fe_out = self.link.fe_in, self.link.fe_out
         self._inbox: list = []   # (input, wall clock read) during a step, applied after it
-        self.wk_in = Channel(ctx, zmq.PULL, cfg.worker_in, bind=True,
-                             accept=(WorkerReady, StepResult), max_bytes=1 << 30)
-        self.wk_out = Channel(ctx, zmq.PUSH, cfg.worker_out, bind=True, max_bytes=1 << 30)
-        self._step_poll = zmq.Poller()   # a step waits on the worker and reads inputs
-        self._step_poll.register(self.wk_in.sock, zmq.POLLIN)
-        self._step_poll.register(self.fe_in.sock, zmq.POLLIN)
+        self.worker = WorkerLink(ctx, cfg.worker_in, cfg.worker_out, self.fe_in.sock,
+                                 cfg.step_timeout)
         self.engine: Engine | None = None
         self.fid_of: dict[int, int] = {}   # seq_id (the scheduler's) -> fid (the frontend's)
         self.seq_of: dict[int, int] = {}   # fid -> seq_id
-        self.worker_pid = 0
         self.info = None
         self.log: StepLog | None = None
-        self._ready_pending: WorkerReady | None = None
         self.frontend = FrontendWatch(local=not self.link.joined)
 
     # ---- start-up
 
     def wait_worker(self, timeout: float | None = None) -> WorkerReady:
         """The next WorkerReady; frontend inputs are served meanwhile once the engine runs."""
-        if self._ready_pending is not None:
-            msg, self._ready_pending = self._ready_pending, None
-            return msg
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while deadline is None or time.monotonic() < deadline:
-            if self.engine is not None:
-                self.drain_inputs(block_ms=0)
-            if not self.wk_in.poll(100):
-                continue
-            try:
-                msg = self.wk_in.recv()
-            except ProtocolError as e:
-                _log(f"dropped a bad frame from the worker: {e}")
-                continue
-            if isinstance(msg, WorkerReady):
-                return msg
-        raise WorkerLost(f"no worker came back within {timeout:.0f}s")
+        return self.worker.wait_ready(timeout, self._serve_inputs)
+
+    def _serve_inputs(self) -> None:
+        if self.engine is not None:
+            self.drain_inputs(block_ms=0)
 
     def start(self) -> None:
         msg = self.wait_worker()
-        self.info, self.worker_pid = msg.info, msg.pid
+        self.info, self.worker.pid = msg.info, msg.pid
         if self.cfg.log:
             self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info),
                                on_error=self.cfg.log_errors)
@@ -118,13 +82,13 @@ class CoreLoop:
         """The step in flight (if any) is abandoned; a new worker recomputes every running
         request from its prompt and generated tokens."""
         t0 = time.monotonic()
-        _log(f"worker {self.worker_pid} lost ({why}); waiting for a new one")
+        _log(f"worker {self.worker.pid} lost ({why}); waiting for a new one")
         if abandon:
             self.engine.lose_worker()
         msg = self.wait_worker(RESTART_WAIT_S)
         if (msg.info.num_blocks, msg.info.block_size) != (self.info.num_blocks, self.info.block_size):
             raise WorkerLost("the new worker's KV pool differs from the old one's")
-        self.worker_pid = msg.pid
+        self.worker.pid = msg.pid
         preempted = self.engine.restart()
         self.announce()
         _log(f"worker {msg.pid} took over after {time.monotonic() - t0:.2f}s;"
@@ -142,7 +106,7 @@ class CoreLoop:
             dead = self.frontend.died()
             if dead is not None:
                 self.orphan(f"frontend {dead} died")
-            if not busy and not pid_alive(self.worker_pid):
+            if not busy and not self.worker.alive():
                 self.replace_worker("it exited while idle", abandon=False)
             self.shed()
             if self.engine.busy():
@@ -150,7 +114,7 @@ class CoreLoop:
 
     def announce(self) -> None:
         """CoreReady to the frontend (dropped if none is connected: it says Hello)."""
-        self.send(CoreReady(info=self.info, pid=os.getpid(), worker_pid=self.worker_pid))
+        self.send(CoreReady(info=self.info, pid=os.getpid(), worker_pid=self.worker.pid))
 
     def send(self, msg) -> None:
         if not self.fe_out.try_send(msg):
@@ -287,7 +251,7 @@ class CoreLoop:
         except Exception as e:  # a bug must fail the step's requests, not the engine
             batch, failed = None, e
         if batch is not None and batch.num_seqs:
-            self.wk_out.send(batch)
+            self.worker.send(batch)
         if eng.inflight is not None:
             try:
                 result = self.wait_result(eng.inflight.step, len(eng.inflight.ids))
@@ -323,31 +287,16 @@ class CoreLoop:
 
     def forward(self, batch) -> StepResult:
         """The worker's result for `batch`; WorkerDied if it dies or hangs meanwhile."""
-        self.wk_out.send(batch)
+        self.worker.send(batch)
         return self.wait_result(batch.step, len(batch.sample_rows))
 
     def wait_result(self, step: int, rows: int) -> StepResult:
-        """The worker's result for `step` (`rows` tokens); WorkerDied if it dies or hangs."""
-        deadline = time.monotonic() + self.cfg.step_timeout
-        while True:
-            ready = dict(self._step_poll.poll(int(WORKER_CHECK_S * 1000)))
-            self.link.beat()
-            if self.fe_in.sock in ready:
-                self.collect_inputs()
-            if self.wk_in.sock in ready:
-                msg = self.wk_in.recv()
-                if isinstance(msg, StepResult) and msg.step == step:
-                    if len(msg.tokens) != rows:
-                        raise WorkerDied(f"bad result for step {step}")
-                    return msg
-                if isinstance(msg, WorkerReady):  # a new worker: the old one is gone
-                    self._ready_pending = msg
-                    raise WorkerDied("a new worker announced itself")
-            if not pid_alive(self.worker_pid):
-                raise WorkerDied(f"it exited during step {step}")
-            if time.monotonic() > deadline:
-                _kill(self.worker_pid)
-                raise WorkerDied(f"step {step} took over {self.cfg.step_timeout}s")
+        return self.worker.result(step, rows, self._while_stepping)
+
+    def _while_stepping(self, frontend_readable: bool) -> None:
+        self.link.beat()
+        if frontend_readable:
+            self.collect_inputs()
 
     def publish(self, events: list) -> None:
         fids, tokens, finished = I32(), I32(), []
@@ -380,7 +329,7 @@ class CoreLoop:
                 "model": self.info.model, "tokenizer": self.info.tokenizer, "tp": self.info.tp,
                 "step_ms_total": self.engine.step_ms_total,
                 **prefix_stats(self.engine.sched.blocks),
-                "pids": {"core": os.getpid(), "worker": self.worker_pid}}
+                "pids": {"core": os.getpid(), "worker": self.worker.pid}}
 
     def close(self) -> None:
         if self.engine is not None:
@@ -388,5 +337,4 @@ class CoreLoop:
         if self.log is not None:
             self.log.close()
         self.link.close()
-        for ch in (self.wk_in, self.wk_out):
-            ch.close()
+        self.worker.close()

@@ -268,7 +268,7 @@ def test_the_next_batch_is_sent_before_the_step_in_flight_returns(tmp_path):
     loop = CoreLoop(cfg, ctx)
     runner = NullRunner(num_blocks=64, block_size=4)
     loop.engine, loop.info = cfg.make_engine(runner.info, None), runner.info
-    loop.worker_pid = os.getpid()   # the thread below is the worker
+    loop.worker.pid = os.getpid()   # the thread below is the worker
     frontend = Channel(ctx, zmq.PULL, ep[1], bind=False)
     to_core = Channel(ctx, zmq.PUSH, ep[2], bind=False)
     from_core = Channel(ctx, zmq.PULL, ep[3], bind=False, accept=(ForwardBatch,))
