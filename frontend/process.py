@@ -11,7 +11,6 @@ client is gone, and its requests are aborted at the core.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -20,18 +19,18 @@ from dataclasses import dataclass
 import zmq
 
 from core.ipc.channel import Router, RouterError
-from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest,
-                           Beat, CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello,
-                           I32, JoinRefused, ModelInfo, Ping, Pong, ProtocolError, Rejected, SamplingParams,
-                           Stats, StatsQuery, StatsReply, StepEvents, StopRequest)
+from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest, Beat,
+                               CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello,
+                               I32, JoinRefused, ModelInfo, Ping, Pong, ProtocolError, Rejected,
+                               Stats, StepEvents, StopRequest)
 from frontend.events import group_events
 from frontend.inflight import Inflight
-from frontend.limits import SEED_LIMIT
-from frontend.replica_stats import StatsWait, merge, replica_stats
+from frontend.replica_stats import StatsQueries
 from frontend.joins import Joins
 from frontend.replicas import LocalReplica, Replica, least_loaded, same_model
 from frontend.request import RequestState
 from frontend.salvage import peek_request_id
+from frontend.sampling import failover_seed, sampling_of
 from frontend.tokenizer import Tokenizer
 from frontend.validate import InvalidRequest, check_params, check_prompt_ids
 from frontend.wakeup import Wakeup
@@ -76,8 +75,7 @@ class Frontend:
         self._eos_ids: frozenset[int] = frozenset()
         self.inflight = Inflight()
         self._next_fid = 0      # one counter for every replica: a fid names one request
-        self._next_qid = 0
-        self._stats_waiters: dict[int, StatsWait] = {}
+        self.stats_queries = StatsQueries(CORE_DIED)
         self._stop_signals = 0
         self._drain_deadline: float | None = None
         self._exit_code: int | None = None
@@ -248,11 +246,7 @@ class Frontend:
     def _on_stats(self, ident: bytes) -> None:
         if self.info is None or self.core_dead:
             return self._error(ident, None, 503, "engine not ready")
-        qid, self._next_qid = self._next_qid, self._next_qid + 1
-        asked = {r.index for r in self.replicas if r.up and r.send(StatsQuery(qid))}
-        if asked:
-            self._stats_waiters[qid] = StatsWait(ident, asked)
-        else:
+        if not self.stats_queries.ask(ident, self.replicas):
             self._error(ident, None, 503, "the core is not answering")
 
     def _error(self, ident: bytes, request_id: str | None, code: int, message: str) -> None:
@@ -320,10 +314,8 @@ class Frontend:
             self.joins.forget(r)
         for st in mine:
             self._rerun(st)
-        for qid, wait in list(self._stats_waiters.items()):
-            wait.pending.discard(r.index)
-            if not wait.pending:
-                self._answer_stats(qid)
+        for ident, reply in self.stats_queries.replica_gone(r.index):
+            self.router.send(ident, reply)
 
     def _rerun(self, st: RequestState) -> None:
         if st.stopping:  # its text is complete; only the core's figures are lost
@@ -343,7 +335,9 @@ class Frontend:
                 self._remove(st)
                 self._error(st.ident, st.request_id, msg.code, msg.message)
         elif isinstance(msg, CoreStats):
-            self._on_core_stats(r, msg)
+            answered = self.stats_queries.answer(r, msg)
+            if answered is not None:
+                self.router.send(*answered)
         elif isinstance(msg, CoreReady):
             self._on_ready(r, msg)
 
@@ -398,23 +392,6 @@ class Frontend:
                 r.send(StopRequest(rev.fid, out.stop_core))
             self._send_delta(st.ident, out.delta)
 
-    def _on_core_stats(self, r: Replica, msg: CoreStats) -> None:
-        wait = self._stats_waiters.get(msg.qid)
-        if wait is None or r.index not in wait.pending:
-            return
-        wait.pending.discard(r.index)
-        wait.got[r.index] = replica_stats(msg.stats, r.index, r.pids, r.info.max_model_len,
-                                     r.joined)
-        if not wait.pending:
-            self._answer_stats(msg.qid)
-
-    def _answer_stats(self, qid: int) -> None:
-        wait = self._stats_waiters.pop(qid)
-        if not wait.got:
-            return self._error(wait.ident, None, 503, CORE_DIED)
-        per_replica = [wait.got[k] for k in sorted(wait.got)]
-        self.router.send(wait.ident, StatsReply(merge(per_replica, os.getpid())))
-
     def _on_ready(self, r: Replica, msg: CoreReady) -> None:
         if r.up and r.pids.get("core") == msg.pid:
             return   # an answer to a repeated Hello
@@ -434,21 +411,3 @@ class Frontend:
             return
         print(f"READY {self.router.address}", flush=True)
 
-
-def failover_seed(msg: Generate, ident: bytes) -> int | None:
-    """With several replicas, a sampled request without a seed gets one here, from its
-    client and request id: if its replica dies, the re-run on another draws the same tokens,
-    so the stream the client already has goes on coherently (a core would derive a seed from
-    its own request id, which differs between replicas)."""
-    if msg.temperature == 0 or msg.seed is not None:
-        return None
-    h = hashlib.blake2b(ident + msg.request_id.encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") % SEED_LIMIT
-
-
-def sampling_of(msg: Generate, seed: int | None = None) -> SamplingParams:
-    """The request's sampling; `seed` stands in for a missing one."""
-    return SamplingParams(msg.temperature, msg.top_p, msg.top_k,
-                          msg.seed if msg.seed is not None else seed, msg.min_p,
-                          msg.presence_penalty, msg.frequency_penalty, msg.repetition_penalty,
-                          msg.min_tokens, msg.stop_token_ids, msg.logprobs)

@@ -154,7 +154,7 @@ def test_held_text_released_when_the_core_finishes():
 
 
 def test_a_failover_seed_only_for_unseeded_sampling_and_stable():
-    from frontend.process import failover_seed, sampling_of
+    from frontend.sampling import failover_seed, sampling_of
     sampled = Generate("r1", "hi", temperature=0.7)
     s = failover_seed(sampled, b"client")
     assert s == failover_seed(sampled, b"client") and 0 <= s < 2 ** 63
@@ -163,3 +163,44 @@ def test_a_failover_seed_only_for_unseeded_sampling_and_stable():
     assert failover_seed(Generate("r", "hi", temperature=0.7, seed=3), b"c") is None
     assert sampling_of(sampled, s).seed == s
     assert sampling_of(Generate("r", "hi", temperature=0.7, seed=3), s).seed == 3
+
+
+class _Replica:
+    """What StatsQueries reads of a replica, and the queries it was sent."""
+
+    def __init__(self, index: int, up: bool = True):
+        from types import SimpleNamespace
+        self.index, self.up, self.joined = index, up, False
+        self.pids = {"core": 100 + index, "worker": 200 + index}
+        self.info = SimpleNamespace(max_model_len=64 + index)
+        self.sent = []
+
+    def send(self, msg) -> bool:
+        self.sent.append(msg)
+        return True
+
+
+def test_stats_queries_wait_for_every_live_replica_and_a_dead_one_counts_as_answered():
+    from core.ipc.protocol import CoreStats, ErrorReply, StatsReply
+    from frontend.replica_stats import StatsQueries
+
+    def stats(n):
+        return {"running": n, "waiting": 0, "max_model_len": 64}
+
+    q = StatsQueries("gone")
+    reps = [_Replica(0), _Replica(1), _Replica(2, up=False)]
+    assert q.ask(b"a", reps) and q.ask(b"b", reps)
+    assert [len(r.sent) for r in reps] == [2, 2, 0]          # a down replica is not asked
+    qa, qb = (m.qid for m in reps[0].sent)
+    assert q.answer(reps[0], CoreStats(qid=qa, stats=stats(3))) is None
+    assert q.answer(reps[0], CoreStats(qid=qa, stats=stats(3))) is None  # twice: ignored
+    ident, reply = q.answer(reps[1], CoreStats(qid=qa, stats=stats(4)))
+    assert ident == b"a" and isinstance(reply, StatsReply) and reply.stats["running"] == 7
+    assert [s["replica"] for s in reply.stats["replicas"]] == [0, 1]
+    assert q.answer(reps[1], CoreStats(qid=qa, stats=stats(4))) is None  # answered already
+    assert q.answer(reps[1], CoreStats(qid=qb, stats=stats(5))) is None
+    (ident, reply), = q.replica_gone(0)                      # b waited only on replica 0
+    assert ident == b"b" and reply.stats["running"] == 5
+    assert q.ask(b"c", reps[:1])
+    assert q.replica_gone(0) == [(b"c", ErrorReply(None, 503, "gone"))]
+    assert not q.ask(b"d", [reps[2]])
