@@ -7,7 +7,8 @@ strings). A request goes to the replica with the least outstanding work and stay
 unless that replica's core dies: then it runs again on a live one. It blocks on its
 sockets; the poll timeout is the next heartbeat or deadline.
 Every ~1 s it pings each client with unfinished requests; a send that fails means the
-client is gone, and its requests are aborted at the core.
+client is gone, and its requests are aborted at the core. This file is the client side;
+what the cores say, and a replica's death or join, is frontend/core_side.py.
 """
 from __future__ import annotations
 
@@ -19,15 +20,14 @@ from dataclasses import dataclass
 import zmq
 
 from core.ipc.channel import Router, RouterError
-from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest, Beat,
-                               CoreReady, CoreStats, Delta, Drain, ErrorReply, Generate, Hello,
-                               I32, JoinRefused, ModelInfo, Ping, Pong, ProtocolError, Rejected,
-                               Stats, StepEvents, StopRequest)
-from frontend.events import group_events
+from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest, Delta,
+                               Drain, ErrorReply, Generate, Hello, I32, ModelInfo, Ping, Pong,
+                               ProtocolError, Stats)
+from frontend.core_side import CORE_DIED, CoreSide
 from frontend.inflight import Inflight
 from frontend.replica_stats import StatsQueries
 from frontend.joins import Joins
-from frontend.replicas import LocalReplica, Replica, least_loaded, same_model
+from frontend.replicas import LocalReplica, Replica, least_loaded
 from frontend.request import RequestState
 from frontend.salvage import peek_request_id
 from frontend.sampling import failover_seed, sampling_of
@@ -44,7 +44,6 @@ PUMP_S = 0.002              # time on one socket before looking at the other (fa
                             # a fast core must not keep new clients waiting for many steps)
 CLOSE_LINGER_MS = 1000      # let final deltas and aborts leave before the sockets close
 CLIENT_TYPES = (Generate, Abort, Stats, Ping)
-CORE_DIED = "the engine's core process died"
 
 
 @dataclass
@@ -57,7 +56,7 @@ class FrontendConfig:
     replica_address: str | None = None   # where replicas may join (frontend/joins.py)
 
 
-class Frontend:
+class Frontend(CoreSide):
     def __init__(self, cfg: FrontendConfig):
         self.cfg = cfg
         self._ctx = zmq.Context()
@@ -262,14 +261,6 @@ class Frontend:
                 self._client_gone(ident)
         self._greet_waiting_cores()
 
-    def _greet_waiting_cores(self) -> None:
-        """Hello again, every heartbeat, to each local core not yet ready: its CoreReady is
-        dropped if it answers before our PULL has connected to its PUSH (the Hello travels
-        the other socket). A core answers a repeated Hello from us with CoreReady alone."""
-        for r in self.replicas:
-            if isinstance(r, LocalReplica) and not r.up:
-                r.send(Hello(os.getpid()))
-
     def _client_gone(self, ident: bytes) -> None:
         gone = self.inflight.of_client(ident)
         if gone:
@@ -290,124 +281,3 @@ class Frontend:
 
     def _replica_of(self, st: RequestState) -> Replica:
         return self.replicas[st.replica]
-
-    # ------------------------------------------------------------ core
-
-    def _check_cores(self) -> None:
-        for r in self.replicas:
-            if r.died():
-                self._replica_died(r)
-
-    def _replica_died(self, r: Replica) -> None:
-        """Its requests run again on a live replica; with none left, they get 503. A local
-        replica's core is restarted by serve (Hello: its CoreReady brings it back); a
-        joined one is forgotten (a new core joins as a new replica)."""
-        mine = [st for st in self.inflight if st.replica == r.index]
-        log.error("%s replica %d's core (pid %d) died or left: %d request(s) in flight",
-                  "joined" if r.joined else "local", r.index, r.pids["core"], len(mine))
-        if isinstance(r, LocalReplica):
-            self.poller.unregister(r.core_out.sock)
-            r.reopen()
-            self.poller.register(r.core_out.sock, zmq.POLLIN)
-            r.send(Hello(os.getpid()))
-        else:
-            self.joins.forget(r)
-        for st in mine:
-            self._rerun(st)
-        for ident, reply in self.stats_queries.replica_gone(r.index):
-            self.router.send(ident, reply)
-
-    def _rerun(self, st: RequestState) -> None:
-        if st.stopping:  # its text is complete; only the core's figures are lost
-            self.inflight.remove(st)
-            return self._send_delta(st.ident, st.end("stop"))
-        st.rerun()
-        if not self._dispatch(st):
-            self.inflight.remove(st)
-            self._error(st.ident, st.request_id, 503, CORE_DIED)
-
-    def _on_core(self, r: Replica, msg) -> None:
-        if isinstance(msg, StepEvents):
-            self._on_events(r, msg)
-        elif isinstance(msg, Rejected):
-            st = self._mine(r, msg.fid)
-            if st is not None:
-                self._remove(st)
-                self._error(st.ident, st.request_id, msg.code, msg.message)
-        elif isinstance(msg, CoreStats):
-            answered = self.stats_queries.answer(r, msg)
-            if answered is not None:
-                self.router.send(*answered)
-        elif isinstance(msg, CoreReady):
-            self._on_ready(r, msg)
-
-    def _on_join_frame(self, item) -> None:
-        ident, msg = item
-        r = self.joins.known(ident)
-        if r is not None:
-            if self.joins.left(msg):
-                r.left()
-                self._check_cores()
-            else:
-                self._on_core(r, msg)
-        elif isinstance(msg, Beat):
-            self.joins.greet(ident, os.getpid())
-        elif isinstance(msg, CoreReady) and self.joins.greeted(ident):
-            self._join(ident, msg)
-
-    def _join(self, ident: bytes, msg: CoreReady) -> None:
-        why = None if self.info is None else same_model(self.info, msg.info)
-        if why is not None:
-            log.error("refused the replica of core pid %d: %s", msg.pid, why)
-            self.joins.router.send(ident, JoinRefused(why))
-            return
-        r = self.joins.add(ident, len(self.replicas))
-        self.replicas.append(r)
-        log.info("replica %d joined (core pid %d, worker pid %d)", r.index, msg.pid,
-                 msg.worker_pid)
-        self._on_ready(r, msg)
-
-    def _mine(self, r: Replica, fid: int) -> RequestState | None:
-        """The request `fid` if it runs on `r` (a re-sent one may hear from its old core)."""
-        st = self.inflight.by_fid(fid)
-        return st if st is not None and st.replica == r.index else None
-
-    def _on_events(self, r: Replica, ev: StepEvents) -> None:
-        for rev in group_events(ev):
-            st = self._mine(r, rev.fid)
-            if st is None:
-                continue  # finished or aborted here already
-            if st.skip:
-                rev = st.skip_rerun(rev)
-                if not rev.tokens and rev.reason is None:
-                    continue
-            if st.stopping and rev.reason is None:
-                continue  # tokens past a stop string, before the core took the stop
-            before = st.outstanding()
-            out = st.step(rev)
-            r.load = max(0, r.load - (before - st.outstanding()))
-            if out.done:
-                self._remove(st)
-            if out.stop_core is not None:
-                r.send(StopRequest(rev.fid, out.stop_core))
-            self._send_delta(st.ident, out.delta)
-
-    def _on_ready(self, r: Replica, msg: CoreReady) -> None:
-        if r.up and r.pids.get("core") == msg.pid:
-            return   # an answer to a repeated Hello
-        r.ready(msg)
-        if self.info is not None:
-            log.info("replica %d's core is ready (core pid %d, worker pid %d)", r.index,
-                     msg.pid, msg.worker_pid)
-            return
-        if not all(rep.up for rep in self.replicas if not rep.joined):
-            return   # READY once every local replica runs
-        self.info, self._eos_ids = msg.info, frozenset(msg.info.eos_ids)
-        try:
-            self.tokenizer = Tokenizer.load(msg.info.tokenizer)
-        except Exception as e:
-            log.error("cannot load the tokenizer %r: %s", msg.info.tokenizer, e)
-            self._exit_code = 1
-            return
-        print(f"READY {self.router.address}", flush=True)
-
