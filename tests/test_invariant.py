@@ -19,7 +19,8 @@ from core.steplog import StepLog
 from replay.__main__ import main as replay_main
 from replay.logfile import LogFile
 from replay.rerun import Rerun
-from scripts.group.supervisor import commands, parse
+from scripts.group.commands import commands
+from scripts.group.supervisor import parse
 from worker import native
 from worker.invariant import _plan, row_linear
 from worker.load import make_runner

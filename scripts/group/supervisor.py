@@ -19,27 +19,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import selectors
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
-
 
 from core.ipc.channel import is_loopback
 from core.config import add_sched_args
-from scripts import ROOT
+from scripts.group.commands import (commands, default_log, http_command, rank_commands,
+                                    replica_log, replica_names, tcp_address)
+from scripts.group.procs import Group
 
 REJOIN = 75             # a rank's exit status for "start me again" (worker/tp.py)
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
                         # (it checks the core's pid every 0.25 s)
-SCHED_FLAGS = ("max_seqs", "max_batch_tokens", "max_waiting", "policy", "aging_steps",
-               "max_model_len", "preempt_margin", "prefill", "max_chunk", "seed", "step_timeout")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -96,176 +92,6 @@ def parse(argv=None) -> argparse.Namespace:
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
     return a
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def replica_names(dp: int) -> list[tuple[str, str]]:
-    """Each replica's (core, worker) process names: plain with one replica, as before."""
-    return [("core", "worker")] if dp == 1 else [(f"core{k}", f"worker{k}") for k in range(dp)]
-
-
-def replica_log(log: str | None, k: int, dp: int, generation: int = 0) -> str | None:
-    """P itself with one replica; P.r{k}.suffix with more; after the n-th restart of the
-    replica, .{n} before the suffix as well (a step log is never reopened)."""
-    if log is None or (dp == 1 and not generation):
-        return log
-    p = Path(log)
-    tag = (f".r{k}" if dp > 1 else "") + (f".{generation}" if generation else "")
-    return str(p.with_name(f"{p.stem}{tag}{p.suffix}"))
-
-
-def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
-                     k: int) -> tuple[list[str], list[str]]:
-    ep = {e: f"ipc://{ipc}/{e}{k if a.dp > 1 else ''}"
-          for e in ("fe_in", "fe_out", "wk_in", "wk_out")}
-    py = [sys.executable, "-m"]
-    sched = [x for n in SCHED_FLAGS if getattr(a, n) is not None
-             for x in (_flag(n), str(getattr(a, n)))]
-    to_frontend = (["--join", a.join] if a.join else
-                   ["--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"]])
-    core = py + ["core", *to_frontend, "--worker-in", ep["wk_in"],
-                 "--worker-out", ep["wk_out"]] + sched
-    if log:
-        core += ["--log", replica_log(log, k, a.dp), "--log-errors", a.log_errors]
-    if not a.prefix_cache:
-        core.append("--no-prefix-cache")
-    if not a.overlap:
-        core.append("--no-overlap")
-    worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
-                   *worker_args(a)]
-    return core, worker
-
-
-def worker_args(a: argparse.Namespace) -> list[str]:
-    """What every rank of a worker is started with, on any machine."""
-    out = ["--model", a.model, "--device", a.device, "--dtype", a.dtype,
-           "--block-size", str(a.block_size)]
-    if a.tp != 1:
-        out += ["--tp", str(a.tp)]
-    if a.nnodes > 1:
-        out += ["--dist-init", a.dist_init, "--nnodes", str(a.nnodes)]
-    if a.batch_invariant is not None:
-        out.append("--batch-invariant" if a.batch_invariant else "--no-batch-invariant")
-    for n in ("num_blocks", "kv_memory", "max_model_len"):
-        if getattr(a, n) is not None:
-            out += [_flag(n), str(getattr(a, n))]
-    return out
-
-
-def rank_commands(a: argparse.Namespace) -> dict[str, list[str]]:
-    """serve --node-rank K (K > 0): this machine's share of the --tp ranks, nothing else."""
-    per_node = a.tp // a.nnodes
-    return {f"rank{r}": [sys.executable, "-m", "worker", *worker_args(a), "--rank", str(r)]
-            for r in range(a.node_rank * per_node, (a.node_rank + 1) * per_node)}
-
-
-def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list[str]]:
-    cmds: dict[str, list[str]] = {}
-    frontend = [sys.executable, "-m", "frontend", "--address", a.address]
-    for k, (core, worker) in enumerate(replica_names(a.dp)):
-        cmds[core], cmds[worker] = replica_commands(a, ipc, log, k)
-        if a.join:
-            continue
-        frontend += ["--core-in", cmds[core][cmds[core].index("--frontend-in") + 1],
-                     "--core-out", cmds[core][cmds[core].index("--frontend-out") + 1]]
-    frontend += ["--max-frame-bytes", str(a.max_frame_bytes),
-                 "--drain-timeout", str(a.drain_timeout),
-                 "--max-inflight-per-client", str(a.max_inflight_per_client)]
-    if a.allow_remote:
-        frontend.append("--allow-remote")
-    if a.replica_address:
-        frontend += ["--replica-address", a.replica_address]
-    return cmds if a.join else {**cmds, "frontend": frontend}
-
-
-def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "frontend.http", "--frontend", frontend_addr,
-           "--host", a.http_host, "--port", str(port),
-           "--drain-timeout", str(a.drain_timeout)]
-    return cmd + (["--allow-remote"] if a.allow_remote else [])
-
-
-def tcp_address(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-def default_log() -> str:
-    runs = ROOT / "runs"
-    runs.mkdir(exist_ok=True)
-    return str(runs / time.strftime(f"%Y%m%d-%H%M%S-{os.getpid()}.db"))
-
-
-class Group:
-    def __init__(self, cmds: dict[str, list[str]], piped: tuple[str, ...] = ("frontend", "http")):
-        self.cmds, self.piped = cmds, piped   # piped: whose stdout says when it is ready
-        self.procs: dict[str, subprocess.Popen] = {}
-        for name in cmds:   # cores and workers, then the frontend
-            self.spawn(name)
-
-    def spawn(self, name: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        out = subprocess.PIPE if name in self.piped else None
-        # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
-        # drains the group in order; PDEATHSIG still ends them if serve dies.
-        self.procs[name] = subprocess.Popen(self.cmds[name], env=env, stdout=out, cwd=ROOT,
-                                            process_group=0)
-
-    def dead(self, ignore: tuple[str, ...] = ()) -> tuple[str, int] | None:
-        for name, p in self.procs.items():
-            if name not in ignore and p.poll() is not None:
-                return name, p.returncode
-        return None
-
-    def wait_ready(self, timeout: float, name: str = "frontend",
-                   tolerate: tuple[str, ...] = (), marker: str = "READY ") -> str | None:
-        """What `name` prints after `marker` (its bound address) once it prints it; None if
-        a process not in `tolerate` died meanwhile."""
-        sel = selectors.DefaultSelector()
-        out = self.procs[name].stdout
-        sel.register(out, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if sel.select(0.2):
-                line = out.readline().decode(errors="replace").strip()
-                if line.startswith(marker):
-                    threading.Thread(target=self._forward, args=(out,), daemon=True).start()
-                    return line.split(" ", 1)[1]
-                if line:
-                    print(line, flush=True)
-            if self.dead(ignore=tolerate):
-                return None
-        return None
-
-    @staticmethod
-    def _forward(out) -> None:
-        for line in out:
-            sys.stdout.write(line.decode(errors="replace"))
-            sys.stdout.flush()
-
-    def terminate(self, names) -> None:
-        for name in names:
-            p = self.procs.get(name)
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    def engines(self) -> list[str]:
-        return [n for n in self.procs if n.startswith(("core", "worker"))]
-
-    def stop(self, names=None, grace: float = 5.0) -> None:
-        names = names or ("http", "frontend", *self.engines())
-        names = [n for n in names if n in self.procs]
-        self.terminate(names)
-        deadline = time.monotonic() + grace
-        for name in names:
-            p = self.procs[name]
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def main(argv=None) -> int:
