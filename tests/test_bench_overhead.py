@@ -1,10 +1,13 @@
 """scripts/bench overhead's in-run forward time: the worker writes its time per batch to the
 file TL_WORKER_TIMES names (worker/process.py), the benchmark averages it over the steps it
 measures (scripts/benchmarks/overhead.py). Its sink reads the frontend's frames as plain
-msgpack maps."""
+msgpack maps. The null case runs end to end."""
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,10 +16,13 @@ import zmq
 from core.ipc.channel import Channel, Router
 from core.ipc.protocol import (Delta, ErrorReply, Generate, Shutdown, StatsReply, StepResult,
                                WorkerReady)
-from scripts.benchmarks.overhead import sink, worker_ms
+from scripts.benchmarks._overhead_log import worker_ms
+from scripts.benchmarks.overhead import sink
 from worker.handmade import Part, make_batch
 from worker.null import NullRunner
 from worker.process import TIMES_ENV, serve
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_worker_writes_one_line_per_batch(tmp_path, monkeypatch):
@@ -89,3 +95,21 @@ def test_the_sink_fails_on_an_error_reply(tmp_path):
     with pytest.raises(RuntimeError, match="429 busy"):
         sink(f"ipc://{tmp_path}/fe", [SimpleNamespace(prompt=[1], max_tokens=2)], timeout=10)
     t.join(15)
+
+
+@pytest.mark.slow  # two groups: keeps the default suite under 5 minutes; CI runs it
+def test_the_null_case_runs_end_to_end_and_breaks_the_step_down(tmp_path):
+    """`scripts/bench overhead` on 16 null-model sequences: two groups (log on, off), the
+    log read back, replayed in-process and timed. No timing is asserted, only that every
+    part of the breakdown is there and the steady steps were the full batch."""
+    out = tmp_path / "overhead.json"
+    cmd = [str(ROOT / "scripts" / "bench"), "overhead", "--sizes", "16", "--steps", "60",
+           "--skip-smol", "--no-progress", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    case = json.loads(out.read_text())["null"]["16"]
+    assert case["full_batch"] and case["batch"] == 16 and case["steady_steps"] >= 10
+    assert set(case["parts_ms"]) == {"engine", "codec_core_worker", "null_execute",
+                                     "ipc_transport", "between_steps", "step_events_encode"}
+    assert case["step_ms"] > 0 and case["parts_ms"]["engine"] > 0
+    assert case["codec_ms"]["forward_batch_bytes"] > 0

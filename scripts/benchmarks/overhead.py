@@ -43,16 +43,17 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-
 from scripts.benchmarks import common as bl
+from scripts.benchmarks._overhead_log import (arrival_spread, codec_ms, full_batch, log_step_ms,
+                                              logging_inproc_ms, mean, null_execute_ms, replay,
+                                              rows_of)
 
 NULL_PROMPT = 16
 WORKDIR: Path | None = None   # the runs' step logs, removed at the end unless --keep-logs
 NULL_CONTEXT = 2048   # the null model's max_model_len
-WARM_STEPS = 5        # full-batch steps skipped at the start
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -84,11 +85,6 @@ def parse(argv=None) -> argparse.Namespace:
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else float("nan")
 
 
 # ---------------------------------------------------------------- running a group
@@ -171,217 +167,6 @@ def fixed_requests(n: int, prompt: int, steps: int, tokens: tuple[int, int]) -> 
     return bl.random_workload(n, 0, (prompt, prompt), (steps, steps), tokens)
 
 
-# ---------------------------------------------------------------- reading the log
-
-def _rows(log_path) -> list:
-    from replay.logfile import LogFile
-    log = LogFile(str(log_path))
-    try:
-        return list(log.steps())
-    finally:
-        log.close()
-
-
-def full_batch(rows: list) -> int:
-    """The batch of the steady state: the largest decode-only batch size that ran for at
-    least 50 steps (or as long as any did). It is the request count when every request
-    ran together; less when some reached the engine after others had finished."""
-    from collections import Counter
-    counts = Counter(len(r.schedule["decode"]) for r in rows if not r.schedule["prefill"])
-    if not counts:
-        return 0
-    enough = min(50, max(counts.values()))
-    return max(n for n, c in counts.items() if c >= enough)
-
-
-def is_full(row, batch: int) -> bool:
-    return not row.schedule["prefill"] and len(row.schedule["decode"]) == batch
-
-
-def worker_ms(times: Path, rows: list) -> float:
-    """The worker's mean time per batch over the steps `rows` (a "step ms" line each)."""
-    by_step = {}
-    for line in times.read_text().splitlines():
-        step, ms = line.split()
-        by_step[int(step)] = float(ms)
-    missing = [r.step for r in rows if r.step not in by_step]
-    if missing:
-        raise RuntimeError(f"the worker's times lack steps {missing[:5]}")
-    return _mean(by_step[r.step] for r in rows)
-
-
-def log_step_ms(rows: list, batch: int, worker_times: Path | None = None) -> dict:
-    """Mean wall-time delta between consecutive full-batch steps, and their duration_ms;
-    with `worker_times`, the worker's mean time for the same steps (worker_ms)."""
-    full = [r for r in rows if is_full(r, batch)][WARM_STEPS:]
-    deltas = [(b.wall_time - a.wall_time) * 1e3 for a, b in zip(full, full[1:])
-              if b.step == a.step + 1]
-    if len(deltas) < 10:
-        raise RuntimeError(f"only {len(deltas)} consecutive full-batch steps: raise --steps")
-    fig = {"step_ms": _mean(deltas), "step_ms_p50": bl.percentile(deltas, 50),
-           "duration_ms": _mean(r.duration_ms for r in full), "steady_steps": len(deltas)}
-    if worker_times is not None:
-        fig["worker_ms"] = worker_ms(worker_times, full)
-    return fig
-
-
-def arrival_spread(log_path) -> int:
-    """Steps between the first and the last add of the measured requests (the first two
-    adds are the warm-up)."""
-    from replay.logfile import LogFile
-    log = LogFile(str(log_path))
-    try:
-        adds = sorted(s for s, items in log.inputs.items() for k, _ in items if k == "add")
-    finally:
-        log.close()
-    return adds[-1] - adds[2] if len(adds) > 2 else 0
-
-
-# ---------------------------------------------------------------- replaying the log
-
-@dataclass
-class Replayed:
-    engine_ms: list = field(default_factory=list)      # plan + commit, full-batch steps
-    forward_ms: list = field(default_factory=list)     # runner.execute, full-batch steps
-    batch: object = None                               # one full-batch ForwardBatch
-    events: list = field(default_factory=list)         # its scheduler events
-    mismatches: int = 0                                # steps whose tokens differ from the log
-    total_s: float = 0.0                               # the whole replay, log closed
-    steps: int = 0
-
-
-def replay(log_path, batch: int, runner=None, log_to: str | None = None) -> Replayed:
-    """Re-run the log's steps in-process (as replay/verify does), timing the engine's own
-    work and, with a runner, runner.execute, on the full-batch steps. `log_to`: write a
-    new step log there as the core would (its cost lands in total_s)."""
-    from core.config import engine_from_meta
-    from core.steplog import StepLog
-    from replay.logfile import LogFile
-    from replay.verify import _apply_inputs
-
-    log = LogFile(str(log_path))
-    out = Replayed()
-    rows = list(log.steps())
-    start = time.perf_counter()
-    steplog = StepLog(log_to, log.meta) if log_to else None
-    try:
-        engine = engine_from_meta(log.meta, log=steplog)
-        one = _replay_ahead if engine.overlap else _replay_step
-        ahead: dict = {"pending": None, "prev": (-1, None)}
-        for row in rows:
-            _apply_inputs(engine, log, row.step)
-            one(engine, row, runner, is_full(row, batch), out, ahead)
-        if steplog is not None:
-            steplog.close()
-    finally:
-        log.close()
-    out.total_s, out.steps = time.perf_counter() - start, len(rows)
-    out.engine_ms, out.forward_ms = out.engine_ms[WARM_STEPS:], out.forward_ms[WARM_STEPS:]
-    return out
-
-
-def _replay_step(engine, row, runner, full: bool, out: Replayed, _ahead) -> None:
-    logged = [tok for _, tok, _ in row.outputs]
-    t0 = time.perf_counter()
-    fb = engine.plan()
-    t1 = time.perf_counter()
-    if runner is not None and fb.num_seqs:
-        tokens = list(runner.execute(fb))
-        out.mismatches += tokens != logged
-    t2 = time.perf_counter()
-    events = engine.commit(logged)
-    t3 = time.perf_counter()
-    if full:
-        out.engine_ms.append(((t1 - t0) + (t3 - t2)) * 1e3)
-        if runner is not None:
-            out.forward_ms.append((t2 - t1) * 1e3)
-        if out.batch is None and len(out.engine_ms) > WARM_STEPS:
-            out.batch, out.events = fb, events
-
-
-def _replay_ahead(engine, row, runner, full: bool, out: Replayed, ahead: dict) -> None:
-    """An overlapped log in the core's order (replay/ahead.py): plan this row's step,
-    run and settle the one before it, launch this one. The engine's time is plan + settle
-    + launch; the forward's, the step before's batch."""
-    from core.batch import fill_ahead
-    t0 = time.perf_counter()
-    fb = engine.plan()
-    forward_s, events = 0.0, []
-    if ahead["pending"] is not None:
-        prow, pfb = ahead["pending"]
-        logged = [tok for _, tok, _ in prow.outputs]
-        if runner is not None and pfb.num_seqs:
-            fill_ahead(pfb, *ahead["prev"])
-            t = time.perf_counter()
-            tokens = list(runner.execute(pfb))
-            forward_s = time.perf_counter() - t
-            out.mismatches += tokens != logged
-        ahead["prev"] = (prow.step, logged)
-        events = engine.settle(logged)
-    engine.launch()
-    ahead["pending"] = (row, fb) if engine.inflight is not None else None
-    if full:
-        out.engine_ms.append((time.perf_counter() - t0 - forward_s) * 1e3)
-        if runner is not None:
-            out.forward_ms.append(forward_s * 1e3)
-        if out.batch is None and len(out.engine_ms) > WARM_STEPS:
-            out.batch, out.events = fb, events
-
-
-# ---------------------------------------------------------------- in-process costs
-
-def _timed_ms(fn, reps: int) -> float:
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) * 1e3 / reps
-
-
-def step_events(events: list):
-    """The StepEvents the core publishes for a step's scheduler events (fid = seq_id here)."""
-    from core.ipc.protocol import I32, StepEvents
-    from core.sched import Finished, TokenEvent
-    fids, toks, fin = I32(), I32(), []
-    for ev in events:
-        if isinstance(ev, TokenEvent):
-            fids.append(ev.id)
-            toks.append(ev.token)
-        elif isinstance(ev, Finished):
-            fin.append([ev.id, ev.reason.value])
-    return StepEvents(fids=fids, tokens=toks, finished=fin)
-
-
-def codec_ms(fb, events: list, reps: int = 200) -> dict:
-    """msgpack costs of one step's messages, timed in this process."""
-    from core.ipc.protocol import ForwardBatch, I32, StepEvents, StepResult, decode, encode
-    res = StepResult(step=fb.step, tokens=I32([1] * len(fb.sample_rows)))
-    ev = step_events(events)
-    b_fb, b_sr, b_ev = encode(fb), encode(res), encode(ev)
-    lim = 1 << 30
-    return {"forward_batch_bytes": len(b_fb), "step_events_bytes": len(b_ev),
-            "forward_batch_encode": _timed_ms(lambda: encode(fb), reps),
-            "forward_batch_decode": _timed_ms(lambda: decode(b_fb, (ForwardBatch,), lim), reps),
-            "step_result_encode": _timed_ms(lambda: encode(res), reps),
-            "step_result_decode": _timed_ms(lambda: decode(b_sr, (StepResult,), lim), reps),
-            "step_events_encode": _timed_ms(lambda: encode(ev), reps),
-            "step_events_decode": _timed_ms(lambda: decode(b_ev, (StepEvents,), lim), reps)}
-
-
-def null_execute_ms(fb, reps: int = 200) -> float:
-    from worker.null import NullRunner
-    r = NullRunner()
-    return _timed_ms(lambda: r.execute(fb), reps)
-
-
-def logging_inproc_ms(log_path, batch: int, bare: Replayed) -> float:
-    """Per step: replaying the log while writing a new step log, minus replaying it bare
-    (the writer thread's work and the loop's appends, run to completion)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        logged = replay(log_path, batch, log_to=str(Path(tmp) / "steps.db"))
-    return (logged.total_s - bare.total_s) * 1e3 / max(1, bare.steps)
-
-
 # ---------------------------------------------------------------- 1. null model
 
 def null_case(a, size: int, tokens) -> dict:
@@ -393,12 +178,12 @@ def null_case(a, size: int, tokens) -> dict:
     on = run_group(args, reqs, True, a.progress, f"null x{size}")
     _say(f"== null model, {size} sequences (--no-log)")
     off = run_group(args, reqs, False, a.progress, f"null x{size} no-log")
-    rows = _rows(on.log)
+    rows = rows_of(on.log)
     batch = full_batch(rows)
     fig = log_step_ms(rows, batch)
     replay(on.log, batch)  # a first pass warms up
     rep = replay(on.log, batch)
-    engine, codec = _mean(rep.engine_ms), codec_ms(rep.batch, rep.events)
+    engine, codec = mean(rep.engine_ms), codec_ms(rep.batch, rep.events)
     wire = sum(codec[k] for k in ("forward_batch_encode", "forward_batch_decode",
                                   "step_result_encode", "step_result_decode"))
     null_ms = null_execute_ms(rep.batch)
@@ -426,7 +211,7 @@ def no_overlap(a, args: list, reqs, label: str, time_worker: bool = False) -> di
     _say(f"== {label}, --no-overlap")
     run = run_group(args + ["--no-overlap"], reqs, True, a.progress, f"{label} no-overlap",
                     time_worker)
-    rows = _rows(run.log)
+    rows = rows_of(run.log)
     fig = log_step_ms(rows, full_batch(rows), run.worker_times)
     out = {"step_ms_no_overlap": fig["step_ms"]}
     if "worker_ms" in fig:
@@ -447,7 +232,7 @@ def smol_case(a, tokens) -> dict:
         [] if a.overlap else ["--no-overlap"])
     _say(f"== smol, {n} sequences, {a.smol_steps} steps")
     run = run_group(args, reqs, True, a.progress, f"smol x{n}", time_worker=True)
-    rows = _rows(run.log)
+    rows = rows_of(run.log)
     batch = full_batch(rows)
     fig = log_step_ms(rows, batch, run.worker_times)
     in_run = fig["worker_ms"]
@@ -457,12 +242,12 @@ def smol_case(a, tokens) -> dict:
                          block_size=meta["block_size"],
                          max_model_len=meta["model_info"]["max_model_len"])
     rep = replay(run.log, batch, runner)
-    fwd = _mean(rep.forward_ms)
+    fwd = mean(rep.forward_ms)
     off = no_overlap(a, args, reqs, f"smol x{n}", time_worker=True)
     if off:
         off["step_over_forward_no_overlap"] = off["step_ms_no_overlap"] / fwd if fwd else None
     return {**off, "step_ms": fig["step_ms"], "log_duration_ms": fig["duration_ms"],
-            "forward_ms": fwd, "engine_ms": _mean(rep.engine_ms),
+            "forward_ms": fwd, "engine_ms": mean(rep.engine_ms),
             "step_over_forward": fig["step_ms"] / fwd if fwd else float("nan"),
             "forward_in_run_ms": in_run, "step_over_forward_in_run": fig["step_ms"] / in_run,
             "batch": batch, "full_batch": batch == n, "steady_steps": fig["steady_steps"],
