@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from frontend.client import AsyncClient, Client
+from tests.logfaults import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP_ARGS = ["--max-seqs", "1", "--max-waiting", "4"]
@@ -271,9 +272,13 @@ def test_priority_header_overtakes_the_queue_and_a_full_queue_gets_429(group, ga
     assert all(done[k][0] == 200 for k in ("low0", "low1", "low2", "high")), done
     wait_idle(group.address)
 
-    with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT id, priority, arrival_step, finish_reason FROM requests "
-                            "WHERE priority IN (-1, 100) OR max_tokens = 2040").fetchall()
+    def finished() -> list | None:   # the log's writer commits behind the step loop
+        with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as conn:
+            rows = conn.execute("SELECT id, priority, arrival_step, finish_reason FROM "
+                                "requests WHERE priority IN (-1, 100) OR max_tokens = 2040"
+                                ).fetchall()
+        return rows if len(rows) == 5 and all(r[3] is not None for r in rows) else None
+    rows = wait_until(finished, 30, "the five finishes in the log")
     admitted = admissions(group.log)
     high = [r for r in rows if r[1] == 100]
     low = [r for r in rows if r[1] == -1]
@@ -321,9 +326,14 @@ def test_every_disconnect_mid_stream_aborts_its_request(group, gateway):
     for max_tokens in mine:
         asyncio.run(_drop_mid_stream(gateway, max_tokens, reset=max_tokens % 2 == 0))
         wait_idle(group.address, timeout=60)
-    with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT max_tokens, finish_reason, json_array_length(output_tokens)"
-                            " FROM requests WHERE max_tokens BETWEEN 1901 AND 1910").fetchall()
+
+    def finished() -> list | None:   # the log's writer commits behind the step loop
+        with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as conn:
+            rows = conn.execute("SELECT max_tokens, finish_reason, json_array_length("
+                                "output_tokens) FROM requests WHERE max_tokens BETWEEN 1901"
+                                " AND 1910 AND finish_reason IS NOT NULL").fetchall()
+        return rows if len(rows) == len(mine) else None
+    rows = wait_until(finished, 30, "the ten finishes in the log")
     assert sorted(r[0] for r in rows) == list(mine), rows
     assert all(r[1] == "abort" and r[2] < r[0] for r in rows), rows
 
