@@ -119,3 +119,33 @@ def test_a_cancel_that_is_accepted_always_ends_the_wait_for_a_reply():
             await c.close()
 
     run(main())
+
+
+def test_a_final_reply_sent_just_before_the_frontend_dies_is_the_answer(tmp_path):
+    """The frontend answers and dies at once: the client sees the disconnect, but the
+    final reply already received is the request's answer (one final reply, not a 503)."""
+    import zmq
+
+    from core.ipc.channel import Router
+    from core.ipc.protocol import Generate
+
+    async def main():
+        ctx = zmq.Context()
+        router = Router(ctx, "tcp://127.0.0.1:0", accept=(Generate,), max_bytes=1 << 20)
+        try:
+            async with AsyncClient(router.address, timeout=10) as c:
+                task = asyncio.create_task(c.generate("x", request_id="last"))
+                ident = None
+                while ident is None:
+                    if router.poll(10):
+                        ident, _ = router.recv()
+                    await asyncio.sleep(0)
+                router.send(ident, Delta("last", "done", [7], finish_reason="length"))
+                router.sock.close(linger=1000)
+                result = await task
+                assert result.finish_reason == "length" and result.text == "done"
+        finally:
+            ctx.term()
+
+    for _ in range(5):
+        run(main())

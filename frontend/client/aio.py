@@ -136,9 +136,18 @@ class AsyncClient:
             self._watcher = loop.create_task(self._watch_loop())
 
     async def _watch_loop(self) -> None:
-        """Each disconnect fails every request in flight with 503 (see open_dealer)."""
+        """Each disconnect fails every request in flight with 503 (see open_dealer), once
+        the replies that arrived before it are dispatched: a final reply the frontend sent
+        just before it died is the request's answer, not a loss."""
         while True:
             await self._monitor.recv_multipart()
+            await asyncio.sleep(0)   # the reader takes a reply it has already received
+            while True:
+                try:
+                    frames = await self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._dispatch(decode_reply(frames))
             self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
 
     def _fail_all(self, err: ErrorReply) -> None:
