@@ -18,6 +18,7 @@ from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.kept_tables import KeptTables
 from core.logrecords import FORMAT, StepRecord
 from core.request_metrics import RequestClock
+from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 from core.table_ledger import TableLedger
@@ -127,6 +128,7 @@ class Engine:
         self.live: dict[int, _Live] = {}
         self.last_hash = ""
         self.step_ms_total = 0.0  # time spent inside plan..commit, summed over steps
+        self.step_times = StepTimes()   # the same, per step, as a histogram
         self.last_schedule: ScheduleOutput | None = None
         self.last_hits: list[list[int]] = []   # the last plan's prefix-cache hits
         self._planned: tuple[ScheduleOutput, int, float] | None = None
@@ -308,6 +310,7 @@ class Engine:
         st = self.sched.stats()
         ms = (time.perf_counter() - t0) * 1e3
         self.step_ms_total += ms
+        self.step_times.observe(ms)
         self.log.step(StepRecord(step, time.time(), ms, doc, outs, st.free_blocks, st.running,
                                  st.waiting, self.last_hash))
 

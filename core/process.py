@@ -328,6 +328,7 @@ class CoreLoop:
                 "max_model_len": self.engine.sched.cfg.max_model_len,
                 "model": self.info.model, "tokenizer": self.info.tokenizer, "tp": self.info.tp,
                 "step_ms_total": self.engine.step_ms_total,
+                "step_ms_histogram": self.engine.step_times.snapshot(),
                 **prefix_stats(self.engine.sched.blocks),
                 "pids": {"core": os.getpid(), "worker": self.worker.pid}}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -200,7 +199,7 @@ def replica_health(st: dict) -> dict:
 
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    gw.metrics.refresh(await _stats(gw), time.monotonic())
+    gw.metrics.refresh(await _stats(gw))
     # aiohttp's content_type argument refuses parameters such as version=: a raw header
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
