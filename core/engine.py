@@ -33,15 +33,16 @@ def check_ranges(req: Request, sampling: SamplingParams) -> None:
     it from failing later, inside a step or the log writer, where it would hurt others."""
     t, p, k, s = sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
     if not isinstance(req.max_tokens, int) or not 1 <= req.max_tokens <= SEED_MASK:
-        raise InvalidRequest(f"max_tokens must be in [1, 2**63), got {req.max_tokens!r}")
+        raise InvalidRequest(f"max_tokens must be in [1, 2**63), got {req.max_tokens!r}",
+                             "max_tokens")
     if not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
-        raise InvalidRequest(f"temperature must be finite and >= 0, got {t!r}")
+        raise InvalidRequest(f"temperature must be finite and >= 0, got {t!r}", "temperature")
     if not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise InvalidRequest(f"top_p must be in (0, 1], got {p!r}")
+        raise InvalidRequest(f"top_p must be in (0, 1], got {p!r}", "top_p")
     if not isinstance(k, int) or not 0 <= k <= INT32_MAX:
-        raise InvalidRequest(f"top_k must be in [0, 2**31), got {k!r}")
+        raise InvalidRequest(f"top_k must be in [0, 2**31), got {k!r}", "top_k")
     if s is not None and (not isinstance(s, int) or not 0 <= s <= SEED_MASK):
-        raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}")
+        raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}", "seed")
 
 
 def derive_seed(engine_seed: int, seq_id: int) -> int:
