@@ -21,7 +21,7 @@ from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
 from frontend.http.format import ChatFormat, CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
-from frontend.http.jsonbody import parse_json
+from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
 from frontend.http.tokens import Tokens, detokenize, tokenize
@@ -112,7 +112,7 @@ async def openai_errors(request: web.Request, handler):
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(ApiError(e.status, e.reason))
+        return error_response(ApiError(e.status, e.reason, BODY if e.status == 400 else None))
     except Exception:
         log.exception("unexpected error on %s", request.path)
         return error_response(ApiError(500, "internal error in the gateway"))
