@@ -1,7 +1,7 @@
 """What eval and load tools send the gateway (lm-eval, guidellm, the openai SDK), against a
 real group on `tiny` with its gateway (scripts/serve --http-port 0, one group for the
 module): batched prompts on /v1/completions, stream_options.continuous_usage_stats,
-a 400 for an explicit max_tokens past the context, a `param` on every
+GET /tokenizer_info, a 400 for an explicit max_tokens past the context, a `param` on every
 400, and /metrics' step histogram fed by every step. The batch's request mapping is also
 checked in-process against a recording stand-in for the AsyncClient.
 """
@@ -18,6 +18,7 @@ from tests.test_http_api_shapes import completion
 
 MAX_MODEL_LEN = 64
 GROUP_ARGS = ["--http-port", "0", "--max-model-len", str(MAX_MODEL_LEN)]
+EOS = "<|endoftext|>"
 
 
 oai, engine = test_http.oai, test_http.engine   # shared fixtures, over this gateway
@@ -170,6 +171,22 @@ def test_continuous_usage_stats_is_a_boolean_and_only_with_stream(gateway):
                  {"stream_options": {"continuous_usage_stats": True}}):
         status, reply = post_json(gateway, "/v1/completions", {"prompt": "x", **body})
         assert status == 400 and reply["error"]["param"] == "stream_options", reply
+
+
+# ------------------------------------------------------------------ /tokenizer_info
+
+
+def test_tokenizer_info_has_vllms_shape_and_what_lm_eval_reads(gateway):
+    status, _, info = http("GET", gateway + "/tokenizer_info")
+    assert status == 200, info
+    assert info["tokenizer_class"] and isinstance(info["tokenizer_class"], str)
+    assert info["eos_token"] == EOS and info["pad_token"] == EOS and "bos_token" in info
+    assert "<|im_start|>" in info["chat_template"]
+    assert "vocab_file" not in info and "merges_file" not in info
+    # lm-eval's remote tokenizer: eos_token_id = /tokenize(eos_token, no specials)[0]
+    status, _, tok = http("POST", gateway + "/tokenize",
+                          {"prompt": info["eos_token"], "add_special_tokens": False})
+    assert status == 200 and tok["tokens"] == [256], tok
 
 
 # ------------------------------------------------------------------ the context and params

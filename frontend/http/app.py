@@ -24,7 +24,7 @@ from frontend.http.generate import RETRY_AFTER_S, generate
 from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
-from frontend.http.tokens import Tokens, detokenize, tokenize
+from frontend.http.tokens import Tokens, detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("http")
 
@@ -68,6 +68,7 @@ def make_app(gw: Gateway) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/tokenize", tokenize_route)
     app.router.add_post("/detokenize", detokenize_route)
+    app.router.add_get("/tokenizer_info", tokenizer_info_route)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     return app
@@ -167,6 +168,11 @@ async def tokenize_route(request: web.Request) -> web.Response:
 async def detokenize_route(request: web.Request) -> web.Response:
     body, _ = await _body(request)
     return web.json_response(detokenize(request.app[GATEWAY].tokens, body))
+
+
+async def tokenizer_info_route(request: web.Request) -> web.Response:
+    chat = request.app[GATEWAY].chat
+    return web.json_response(tokenizer_info(chat.tokenizer, chat.template))
 
 
 async def models(request: web.Request) -> web.Response:
