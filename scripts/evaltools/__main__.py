@@ -1,0 +1,55 @@
+"""python -m scripts.evaltools {install,lm-eval,guidellm}: the tools by hand against a
+running gateway (scripts/serve --model smollm2 --http-port 8000), as the slow tests run them."""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from scripts.evaltools import guidellm, lmeval
+from scripts.evaltools.toolenv import GUIDELLM, LM_EVAL, bin_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.evaltools")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("install", help="install both tools into the cache; print their bin/")
+    lm = sub.add_parser("lm-eval", help="the project's tasks through the gateway")
+    lm.add_argument("http", help="the gateway's base URL, e.g. http://127.0.0.1:8000")
+    lm.add_argument("--hf", metavar="GGUF", type=Path,
+                    help="also lm-eval's own hf model on this GGUF (multiple choice only)")
+    gl = sub.add_parser("guidellm", help="guidellm's constant-rate benchmark")
+    gl.add_argument("http")
+    gl.add_argument("--tokenizer", required=True, type=Path,
+                    help="a tokenizer directory, or the GGUF file to take it from")
+    gl.add_argument("--seconds", type=int, default=guidellm.Load.seconds)
+    gl.add_argument("--rate", type=float, default=guidellm.Load.rate)
+    for s in (lm, gl):
+        s.add_argument("--out", type=Path, default=None, help="output folder (default: a temp one)")
+    a = p.parse_args(argv)
+    if a.cmd == "install":
+        for tool in (LM_EVAL, GUIDELLM):
+            print(tool.requirement, bin_dir(tool))
+        return 0
+    out = a.out or Path(tempfile.mkdtemp(prefix=f"tl-{a.cmd}-"))
+    if a.cmd == "lm-eval":
+        gw = lmeval.run("local-completions", lmeval.gateway_args(a.http),
+                        [lmeval.GENERATE, lmeval.CHOICE], out / "gateway")
+        print(json.dumps({"gateway": lmeval.results(gw)}, indent=1))
+        if a.hf:
+            hf = lmeval.run("hf", lmeval.hf_args(a.hf.parent, a.hf.name), [lmeval.CHOICE],
+                            out / "hf")
+            print(json.dumps({"hf": lmeval.results(hf)}, indent=1))
+    else:
+        tok = a.tokenizer
+        if tok.suffix == ".gguf":
+            tok = guidellm.save_tokenizer(tok, out / "tokenizer")
+        report = guidellm.run(a.http, tok, out, guidellm.Load(a.seconds, a.rate))
+        print(guidellm.summary(report))
+    print(f"output: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
