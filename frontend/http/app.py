@@ -22,6 +22,7 @@ from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
 from frontend.http.format import ChatFormat, CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
+from frontend.http.identity import identity
 from frontend.http.jsonbody import parse_json
 from frontend.http.metrics import Metrics
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
@@ -47,9 +48,9 @@ class Gateway:
     body_timeout: float = BODY_TIMEOUT_S
 
     def client_for(self, request: web.Request):
-        """The client that carries this HTTP peer's requests (see ClientPool)."""
+        """What carries this user's requests, counted under the cap (see ClientPool)."""
         pool = self.client
-        return pool.member(request.remote) if isinstance(pool, ClientPool) else pool
+        return pool.member(identity(request)) if isinstance(pool, ClientPool) else pool
 
     @cached_property
     def tokens(self) -> Tokens | None:

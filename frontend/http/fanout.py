@@ -28,6 +28,8 @@ class FanOut:
         self._first = asyncio.Event()   # choice 0 answered (or ended): the siblings may go
 
     async def __aenter__(self) -> FanOut:
+        if hasattr(self._client, "hold"):   # a counted client (pool.UserClient): room for all
+            self._client.hold(len(self._requests))
         self._tasks = [asyncio.create_task(self._pump(i, kw))
                        for i, kw in enumerate(self._requests)]
         return self
@@ -36,6 +38,8 @@ class FanOut:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if hasattr(self._client, "release"):
+            self._client.release()
 
     async def next(self):
         """The next (index, Delta) of any choice; raises the first failure of any choice.

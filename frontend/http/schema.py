@@ -19,6 +19,7 @@ from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
+from frontend.http.reply_bound import check_reply_size
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
 from frontend.validate import InvalidRequest, check_fields
 
@@ -150,6 +151,8 @@ def _request(body: dict, msg: Generate, max_model_len: int | None,
         check_fields(gen.msg, max_model_len)
     except InvalidRequest as e:
         raise ApiError(400, str(e), e.field) from None
+    check_reply_size(msg.max_tokens, n, msg.logprobs,
+                     "top_logprobs" if body.get("top_logprobs") is not None else "logprobs")
     return gen
 
 
