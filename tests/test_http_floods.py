@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -177,3 +180,91 @@ def test_replies_up_to_the_bound_pass():
             ("/v1/completions", {"prompt": "x", "logprobs": 20, "max_tokens": 2048})]:
         status, reply = post_local(path, body)
         assert status == 200, (body, reply)
+
+
+# ------------------------------------------------------------------ item 5: /tokenize
+
+
+@pytest.fixture(scope="module")
+def long_token_template(tmp_path_factory):
+    """The byte tokenizer plus a 10 KB token: 500 KB of text has no bound that refuses it
+    over a 128-token context, so /tokenize tokenizes it whole (and then refuses it)."""
+    from frontend.http.chat import ChatTemplate
+    from tests.test_frontend_floods import long_token_tokenizer
+    return ChatTemplate.load(long_token_tokenizer(tmp_path_factory.mktemp("tok") / "t", 10_000))
+
+
+def poll_models(url: str, waits: list[float], stop: threading.Event) -> None:
+    while not stop.is_set():
+        t0 = time.monotonic()
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
+            assert r.status == 200
+        waits.append(time.monotonic() - t0)
+        stop.wait(0.02)
+
+
+def test_tokenize_floods_leave_the_loop_free(long_token_template):
+    """Six peers /tokenize ~500 KB each while /v1/models is polled: it answers in a small
+    part of one tokenizing's time (the loop used to tokenize them itself, in turn)."""
+    text = "x" * 500_000
+    t0 = time.perf_counter()
+    long_token_template.tokenizer(text)
+    one = time.perf_counter() - t0
+    raw = json.dumps({"prompt": text}).encode()
+
+    async def run():
+        gw = Gateway(Answers(), "m", MAX_MODEL_LEN, long_token_template, Metrics(), 0)
+        server = TestServer(make_app(gw))
+        await server.start_server()
+        url = str(server.make_url("")).rstrip("/")
+        try:
+            async def flood(i: int):
+                conn = aiohttp.TCPConnector(local_addr=(f"127.0.4.{i}", 0))
+                async with aiohttp.ClientSession(connector=conn) as s:
+                    async with s.post(url + "/tokenize", data=raw,
+                                      headers={"Content-Type": "application/json"}) as r:
+                        return r.status, await r.json()
+
+            waits: list[float] = []
+            stop = threading.Event()
+            poller = threading.Thread(target=poll_models, args=(url, waits, stop))
+            poller.start()   # a thread: its clock runs while the server's loop is stuck
+            try:
+                floods = [asyncio.create_task(flood(i)) for i in range(1, 7)]
+                await asyncio.gather(*floods)
+            finally:
+                stop.set()
+                await asyncio.to_thread(poller.join)
+            return waits, [f.result() for f in floods]
+        finally:
+            await server.close()
+
+    waits, results = asyncio.run(run())
+    assert max(waits) < one / 3, (max(waits), one)
+    for status, body in results:
+        if status == 429:   # the tokenizer's queue was full (QUEUED): refused, not stalled
+            continue
+        assert status == 400 and "more than max_model_len" in body["error"]["message"], body
+    assert sum(s == 400 for s, _ in results) >= 2
+
+
+def test_tokenize_refuses_what_cannot_fit_before_tokenizing(tmp_path):
+    """With the byte tokenizer (no token over 13 bytes) 2 KB is at least 158 tokens."""
+    from frontend.http.tokens import Tokens, tokenize
+
+    class Spy:
+        def __init__(self, hf):
+            self.backend_tokenizer, self.calls = hf.backend_tokenizer, 0
+            self.get_vocab = hf.get_vocab
+
+        def __call__(self, *a, **kw):
+            self.calls += 1
+            raise AssertionError("tokenized")
+
+    from frontend.http.chat import ChatTemplate
+    from tests.fake_core import make_byte_tokenizer
+    spy = Spy(ChatTemplate.load(make_byte_tokenizer(tmp_path / "tok")).tokenizer)
+    with pytest.raises(Exception) as e:
+        tokenize(Tokens(spy), {"prompt": "x" * 2048}, None, MAX_MODEL_LEN)
+    assert e.value.status == 400 and e.value.param == "prompt", e.value
+    assert "at least 158 tokens" in e.value.message and spy.calls == 0
