@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from frontend.http.errors import ApiError
 
-PER_USER = 2
-QUEUED = 32
+PER_USER = 8
+QUEUED = 64
 
 
 class Offload:

@@ -29,12 +29,13 @@ from frontend.client import ClientError
 from frontend.http.pool import DEFAULT_CAP, ClientPool
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http.chat import ChatTemplate
+from frontend.http.heap import HeapTrim
 from frontend.http.metrics import Metrics
 
 log = logging.getLogger("http")
 
 RETRY_S = 0.2
-REAP_S = 10.0   # how often idle per-peer clients are closed
+REAP_S = 10.0   # how often idle engine clients are closed and the heap trimmed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,10 +106,11 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
         try:
             await web.SockSite(runner, sock).start()
             print(f"READY {url_of(sock)}", flush=True)
-            stopped = asyncio.ensure_future(stop.wait())
+            stopped, trim = asyncio.ensure_future(stop.wait()), HeapTrim()
             while not stopped.done():
                 await asyncio.wait([stopped], timeout=REAP_S)
                 await client.reap()
+                trim()
             log.info("draining")
         finally:
             await runner.cleanup()  # stops listening, then awaits in-flight handlers
