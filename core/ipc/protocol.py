@@ -51,6 +51,8 @@ class ModelInfo:
     tokenizer: str = ""           # a local HF directory holding the tokenizer
     tp: int = 1                   # tensor-parallel ranks the worker runs as
     batch_invariant: bool = False  # --batch-invariant: a row's logits ignore the batch
+    checkpoint: dict = field(default_factory=dict)   # where the weights came from: format,
+    # and for a GGUF file its path, sha256, architecture and tensor types (worker/load.py)
 
 
 # ---------------------------------------------------------------- client <-> frontend
