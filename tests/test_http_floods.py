@@ -240,7 +240,7 @@ def test_tokenize_floods_leave_the_loop_free(long_token_template):
             await server.close()
 
     waits, results = asyncio.run(run())
-    assert max(waits) < one / 3, (max(waits), one)
+    assert max(waits) < one / 2, (max(waits), one)
     for status, body in results:
         if status == 429:   # the tokenizer's queue was full (QUEUED): refused, not stalled
             continue
