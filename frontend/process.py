@@ -219,12 +219,13 @@ class Frontend(CoreSide, PromptSide):
                                "(--max-inflight-per-client)")
         try:
             check_params(msg, self.info)
+            fit = msg.max_tokens if msg.max_tokens_must_fit else None
             if isinstance(msg.prompt, str):   # tokenized off the loop, then _on_tokenized
-                check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len)
+                check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len, fit)
                 return self.tokenizing.submit(ident, msg)
-            check_prompt_ids(msg.prompt, self.info)
+            check_prompt_ids(msg.prompt, self.info, fit)
         except InvalidRequest as e:
-            return self._error(ident, msg.request_id, e.code, str(e))
+            return self._error(ident, msg.request_id, e.code, str(e), e.field)
         self._admit(ident, msg, msg.prompt)
 
     def _admit(self, ident: bytes, msg: Generate, ids) -> None:
@@ -262,8 +263,9 @@ class Frontend(CoreSide, PromptSide):
         if not self.stats_queries.ask(ident, self.replicas):
             self._error(ident, None, 503, "the core is not answering")
 
-    def _error(self, ident: bytes, request_id: str | None, code: int, message: str) -> None:
-        self.router.send(ident, ErrorReply(request_id, code, message))
+    def _error(self, ident: bytes, request_id: str | None, code: int, message: str,
+               param: str | None = None) -> None:
+        self.router.send(ident, ErrorReply(request_id, code, message, param))
 
     def _send_delta(self, ident: bytes, delta: Delta) -> None:
         if not self.router.send(ident, delta):

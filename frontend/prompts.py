@@ -20,7 +20,7 @@ class PromptSide:
     def _tokenize(self, msg: Generate) -> list[int]:
         """On the tokenizing thread: the prompt's ids, checked against the model."""
         ids = self.tokenizer.encode(msg.prompt, msg.add_special_tokens)
-        check_prompt_ids(ids, self.info)
+        check_prompt_ids(ids, self.info, msg.max_tokens if msg.max_tokens_must_fit else None)
         return ids
 
     def _on_tokenized(self) -> None:
@@ -28,7 +28,7 @@ class PromptSide:
         for job in self.tokenizing.done():
             rid = job.msg.request_id
             if isinstance(job.error, InvalidRequest):
-                self._error(job.ident, rid, job.error.code, str(job.error))
+                self._error(job.ident, rid, job.error.code, str(job.error), job.error.field)
             elif job.error is not None:
                 log.error("tokenizing request %r failed: %r", rid, job.error)
                 self._error(job.ident, rid, 500, "the tokenizer failed on this prompt")

@@ -56,15 +56,19 @@ class TokenBound:
         return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes)
 
 
-def check_prompt_text(bound: TokenBound, text: str, max_model_len: int) -> None:
-    """Refuse (400, as check_prompt_ids would) a prompt text whose bound reaches
-    max_model_len: what check_prompt_ids would say after tokenizing it all."""
+def check_prompt_text(bound: TokenBound, text: str, max_model_len: int,
+                      max_tokens: int | None = None) -> None:
+    """Refuse (400) a prompt text whose bound already fails check_prompt_ids: it reaches
+    max_model_len, or with `max_tokens` (a request whose max_tokens must fit) leaves no
+    room for them."""
     least = bound.at_least(text)
+    why = (f"prompt of {len(text)} characters is at least {least} tokens (no token of this "
+           f"tokenizer spells more than {bound.max_token_bytes} bytes)")
     if least >= max_model_len:
-        raise InvalidRequest(
-            f"prompt of {len(text)} characters is at least {least} tokens (no token of this "
-            f"tokenizer spells more than {bound.max_token_bytes} bytes), which reaches "
-            f"max_model_len {max_model_len}", "prompt")
+        raise InvalidRequest(f"{why}, which reaches max_model_len {max_model_len}", "prompt")
+    if max_tokens is not None and least + max_tokens > max_model_len:
+        raise InvalidRequest(f"{why}; + max_tokens {max_tokens} is over max_model_len "
+                             f"{max_model_len}", "max_tokens")
 
 
 def _model_keeps_text(model: dict) -> bool:

@@ -163,7 +163,9 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
     ("/v1/chat/completions", {**CHAT, "n": 16, "logprobs": True, "max_tokens": 16384}, "n"),
     ("/v1/completions", {"prompt": "x", "logprobs": 20, "max_tokens": 2048, "n": 4},
      "logprobs"),
-], ids=["chat without max_tokens", "chat n=16", "completions"])
+    ("/v1/completions", {"prompt": ["x"] * 8, "logprobs": 20, "max_tokens": 1000},
+     "logprobs"),
+], ids=["chat without max_tokens", "chat n=16", "completions", "a batch of prompts"])
 def test_a_reply_past_the_logprobs_bound_is_400_naming_the_param(path, body, param):
     status, reply = post_local(path, body, max_model_len=16384)
     assert status == 400, reply

@@ -80,6 +80,9 @@ class Generate:
     skip_special_tokens: bool = True
     add_special_tokens: bool = True        # a text prompt is tokenized as tokenizer(text)
     user: str | None = None
+    # True: prompt + max_tokens over max_model_len is a 400 (naming max_tokens); False:
+    # the request ends "length" at the context
+    max_tokens_must_fit: bool = False
 
 
 @message("abort")
@@ -114,6 +117,7 @@ class ErrorReply:
     request_id: str | None
     code: int
     message: str
+    param: str | None = None      # a 400's field at fault (a Generate field)
 
 
 @message("stats_reply")
@@ -176,6 +180,7 @@ class Rejected:
     fid: int
     code: int
     message: str
+    param: str | None = None      # a 400's field at fault (AdmitError.param)
 
 
 @message("events")
