@@ -21,6 +21,8 @@ from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
 from frontend.http.format import ChatFormat, CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
+from frontend.http.identity import identity
+from frontend.http.offload import Offload
 from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
@@ -46,14 +48,19 @@ class Gateway:
     body_timeout: float = BODY_TIMEOUT_S
 
     def client_for(self, request: web.Request):
-        """The client that carries this HTTP peer's requests (see ClientPool)."""
+        """What carries this user's requests, counted under the cap (see ClientPool)."""
         pool = self.client
-        return pool.member(request.remote) if isinstance(pool, ClientPool) else pool
+        return pool.member(identity(request)) if isinstance(pool, ClientPool) else pool
 
     @cached_property
     def tokens(self) -> Tokens | None:
         """The served tokenizer (None in tests that run without one)."""
         return None if self.chat is None else Tokens(self.chat.tokenizer)
+
+    @cached_property
+    def offload(self) -> Offload:
+        """Where /tokenize and /detokenize run: off the event loop (see Offload)."""
+        return Offload()
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -162,12 +169,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def tokenize_route(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     body, _ = await _body(request)
-    return web.json_response(tokenize(gw.tokens, body, gw.chat.render, gw.max_model_len))
+    return web.json_response(await gw.offload.run(
+        identity(request), tokenize, gw.tokens, body, gw.chat.render, gw.max_model_len))
 
 
 async def detokenize_route(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
     body, _ = await _body(request)
-    return web.json_response(detokenize(request.app[GATEWAY].tokens, body))
+    return web.json_response(await gw.offload.run(identity(request), detokenize, gw.tokens,
+                                                  body))
 
 
 async def tokenizer_info_route(request: web.Request) -> web.Response:

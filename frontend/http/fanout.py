@@ -30,6 +30,8 @@ class FanOut:
         self._first = [asyncio.Event() for _ in range(0, len(requests), n)]
 
     async def __aenter__(self) -> FanOut:
+        if hasattr(self._client, "hold"):   # a counted client (pool.UserClient): room for all
+            self._client.hold(len(self._requests))
         self._tasks = [asyncio.create_task(self._pump(i, kw))
                        for i, kw in enumerate(self._requests)]
         return self
@@ -38,6 +40,8 @@ class FanOut:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if hasattr(self._client, "release"):
+            self._client.release()
 
     async def next(self):
         """The next (index, Delta) of any choice; raises the first failure of any choice.

@@ -19,6 +19,7 @@ from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
+from frontend.http.reply_bound import check_reply
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
 from frontend.validate import InvalidRequest, check_fields
 
@@ -100,7 +101,7 @@ def parse_completion(body: dict, priority: int | None,
     msg = _generate(body, prompts[0], priority,
                     get(body, "max_tokens", INT, COMPLETION_MAX_TOKENS), logprobs,
                     add_special_tokens=True, explicit=body.get("max_tokens") is not None)
-    return _batch(_request(body, msg, max_model_len, echo), prompts)
+    return check_reply(_batch(_request(body, msg, max_model_len, echo), prompts), "logprobs")
 
 
 def _prompts(body: dict) -> list:
@@ -130,8 +131,10 @@ def parse_chat(body: dict, priority: int | None, render: Callable[[list], str],
                     _chat_logprobs(body), add_special_tokens=False,
                     explicit=max_tokens is not None)
     newer = body.get("max_completion_tokens") is not None
-    return _request(body, msg, max_model_len,
-                    max_tokens_field="max_completion_tokens" if newer else "max_tokens")
+    gen = _request(body, msg, max_model_len,
+                   max_tokens_field="max_completion_tokens" if newer else "max_tokens")
+    return check_reply(gen, "top_logprobs" if body.get("top_logprobs") is not None
+                       else "logprobs")
 
 
 def _chat_max_tokens(body: dict) -> int | None:
