@@ -302,6 +302,7 @@ class CoreLoop:
         fids, tokens, finished = I32(), I32(), []
         extras, lps, tops = self.engine.extras, F64(), []
         figures = self.engine.finished_metrics
+        prompt = self._prompt_logprobs()
         for ev in events:
             fid = self.fid_of.get(ev.id)
             if fid is None:
@@ -316,9 +317,19 @@ class CoreLoop:
                 finished.append([fid, ev.reason.value, figures.get(ev.id)])
                 del self.fid_of[ev.id], self.seq_of[fid]
         figures.clear()
-        if fids or finished:
+        if fids or finished or prompt:
             self.send(StepEvents(fids=fids, tokens=tokens, finished=finished, logprobs=lps,
-                                 top_logprobs=tops))
+                                 top_logprobs=tops, prompt_logprobs=prompt))
+
+    def _prompt_logprobs(self) -> list:
+        """The step's prompt logprobs by fid (read before the step's finishes forget
+        their fids)."""
+        out = []
+        for seq_id, first, entries in self.engine.take_prompt_logprobs():
+            fid = self.fid_of.get(seq_id)
+            if fid is not None:
+                out.append([fid, first, entries])
+        return out
 
     def stats(self) -> dict:
         st = self.engine.sched.stats()
