@@ -42,6 +42,9 @@ def check_ranges(req: Request, sampling: SamplingParams) -> None:
         raise InvalidRequest(f"top_k must be in [0, 2**31), got {k!r}")
     if s is not None and (not isinstance(s, int) or not 0 <= s <= SEED_MASK):
         raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}")
+    n = sampling.prompt_logprobs
+    if n is not None and (not isinstance(n, int) or not 0 <= n <= INT32_MAX):
+        raise InvalidRequest(f"prompt_logprobs must be in [0, 2**31), got {n!r}")
 
 
 def derive_seed(engine_seed: int, seq_id: int) -> int:

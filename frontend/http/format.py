@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from frontend.http import logprobs
+from frontend.http import logprobs, prompt_logprobs
 from frontend.http.schema import GenRequest
 from frontend.http.tokens import Tokens
 
@@ -32,9 +32,12 @@ class Tally:
     answered: bool = False         # a first delta came
     entries: list = field(default_factory=list)
     metrics: dict | None = None
+    prompt: tuple = ((), None)     # the prompt's ids and the engine's prompt logprobs
 
     def add(self, d, now: float) -> None:
         self.answered = True
+        if d.prompt_logprobs is not None:
+            self.prompt = (d.prompt_token_ids, d.prompt_logprobs)
         self.text += d.text
         self.entries += logprobs.entries(d)
         if d.prompt_token_ids is not None:
@@ -59,12 +62,14 @@ def usage(tallies: list[Tally]) -> dict:
 class CompletionFormat:
     """Stateful per request: a stream's chunks must be made in the order they are sent."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
+    prompt_logprobs_at_top = False   # vLLM: on each completions choice, once in a chat reply
 
     def __init__(self, model: str, gen: GenRequest, tokens: Tokens | None = None):
         self.model, self.created = model, int(time.time())
         self.id = self.id_prefix + gen.msg.request_id
         self.n, self.usage_chunk = gen.n, gen.include_usage
         self.logprobs = gen.msg.logprobs is not None
+        self.ask = gen.prompt
         self.tokens = tokens
         self.echo = _echo_text(gen, tokens)
         self._carry: list[list] = [[] for _ in range(gen.n)]  # logprobs of unsent tokens
@@ -82,8 +87,11 @@ class CompletionFormat:
             if self.n > 1:
                 choice["tl"] = t.metrics
             choices.append(choice)
-        return {**self._head(self.object), "choices": choices, "usage": usage(tallies),
-                "tl": tallies[0].metrics}
+        out = {**self._head(self.object), "choices": choices, "usage": usage(tallies),
+               "tl": tallies[0].metrics}
+        if self.ask.vllm is not None and self.prompt_logprobs_at_top:
+            out["prompt_logprobs"] = self._vllm(tallies[0])
+        return out
 
     def opening(self) -> list[dict]:
         return []
@@ -91,6 +99,7 @@ class CompletionFormat:
     def chunk(self, tallies: list[Tally], i: int, d) -> dict | None:
         """Choice i's chunk for delta d; None for a delta with no text yet (its logprobs
         go with the next chunk of the choice)."""
+        self._carry[i] += self._echoed((d.prompt_token_ids, d.prompt_logprobs))
         self._carry[i] += logprobs.entries(d)
         if not d.text and d.finish_reason is None:
             return None
@@ -115,8 +124,23 @@ class CompletionFormat:
     # ------------------------------------------------------------ per endpoint
 
     def _whole(self, i: int, t: Tally) -> dict:
-        return {"index": i, "text": self.echo + t.text, "logprobs": self._lp(i, t.entries),
-                "finish_reason": t.finish_reason}
+        choice = {"index": i, "text": self.echo + t.text,
+                  "logprobs": self._lp(i, self._echoed(t.prompt) + t.entries),
+                  "finish_reason": t.finish_reason}
+        if self.ask.vllm is not None:
+            choice["prompt_logprobs"] = self._vllm(t)
+        return choice
+
+    def _echoed(self, prompt: tuple) -> list:
+        """echo with logprobs: the prompt's entries, ahead of the completion's."""
+        if self.ask.echo_logprobs is None or prompt[1] is None:
+            return []
+        return prompt_logprobs.echo_entries(*prompt, self.ask.echo_logprobs)
+
+    def _vllm(self, t: Tally) -> list | None:
+        if t.prompt[1] is None:
+            return None
+        return prompt_logprobs.vllm_shape(self.tokens, *t.prompt, self.ask.vllm)
 
     def _part(self, i: int, text: str, got: list, finish: str | None) -> dict:
         if self._unsent[i]:
@@ -133,6 +157,7 @@ class CompletionFormat:
 
 class ChatFormat(CompletionFormat):
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+    prompt_logprobs_at_top = True
 
     def opening(self) -> list[dict]:
         return [{**self._head(self.chunk_object),

@@ -19,6 +19,8 @@ from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
+from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
+                                           engine_max_tokens)
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
 from frontend.validate import InvalidRequest, check_fields
 
@@ -40,6 +42,7 @@ class GenRequest:
     n: int = 1
     include_usage: bool = False   # stream_options.include_usage
     echo: bool = False
+    prompt: PromptAsk = PromptAsk()   # prompt logprobs (prompt_logprobs.py)
 
     def client_kwargs(self, i: int = 0) -> dict:
         """Choice i's request as the arguments of AsyncClient.stream (make_generate's
@@ -70,13 +73,11 @@ def parse_completion(body: dict, priority: int | None,
     check_known(body, COMPLETION)
     logprobs = get(body, "logprobs", INT)
     echo = get(body, "echo", BOOL, False)
-    if echo and logprobs is not None:
-        raise ApiError(400, "echo with logprobs is not supported: this server returns no "
-                            "logprobs for prompt tokens", "echo")
-    msg = _generate(body, fields.prompt(body.get("prompt")), priority,
-                    get(body, "max_tokens", INT, COMPLETION_MAX_TOKENS), logprobs,
-                    add_special_tokens=True)
-    return _request(body, msg, max_model_len, echo)
+    ask = completion_ask(body, echo, logprobs)
+    max_tokens = engine_max_tokens(ask, get(body, "max_tokens", INT, COMPLETION_MAX_TOKENS))
+    msg = _generate(body, fields.prompt(body.get("prompt")), priority, max_tokens, logprobs,
+                    add_special_tokens=True, prompt_logprobs=ask.engine)
+    return _request(body, msg, max_model_len, echo, ask)
 
 
 def parse_chat(body: dict, priority: int | None, render: Callable[[list], str],
@@ -84,10 +85,11 @@ def parse_chat(body: dict, priority: int | None, render: Callable[[list], str],
     """`render` turns the checked messages into the prompt text (the chat template), which
     holds its own special tokens: add_special_tokens defaults to false."""
     check_known(body, CHAT)
+    ask = chat_ask(body)
     msg = _generate(body, render(fields.messages(body.get("messages"))), priority,
                     _chat_max_tokens(body, default_max_tokens), _chat_logprobs(body),
-                    add_special_tokens=False)
-    return _request(body, msg, max_model_len)
+                    add_special_tokens=False, prompt_logprobs=ask.engine)
+    return _request(body, msg, max_model_len, ask=ask)
 
 
 def _chat_max_tokens(body: dict, default: int) -> int:
@@ -112,7 +114,8 @@ def _chat_logprobs(body: dict) -> int | None:
 
 
 def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
-              logprobs: int | None, add_special_tokens: bool) -> Generate:
+              logprobs: int | None, add_special_tokens: bool,
+              prompt_logprobs: int | None = None) -> Generate:
     # every field given: OpenAI's defaults (temperature 1.0) are not the Client's
     return make_generate(
         prompt, max_tokens=max_tokens,
@@ -130,7 +133,7 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
         include_stop_str_in_output=get(body, "include_stop_str_in_output", BOOL, False),
         skip_special_tokens=get(body, "skip_special_tokens", BOOL, True),
         add_special_tokens=get(body, "add_special_tokens", BOOL, add_special_tokens),
-        user=get(body, "user", STR))
+        user=get(body, "user", STR), prompt_logprobs=prompt_logprobs)
 
 
 def _top_k(body: dict) -> int:
@@ -139,13 +142,13 @@ def _top_k(body: dict) -> int:
 
 
 def _request(body: dict, msg: Generate, max_model_len: int | None,
-             echo: bool = False) -> GenRequest:
+             echo: bool = False, ask: PromptAsk = PromptAsk()) -> GenRequest:
     get(body, "model", STR)
     n = get(body, "n", INT, 1)
     if not 1 <= n <= MAX_N:
         raise ApiError(400, f"n must be in [1, {MAX_N}], got {n}", "n")
     stream = get(body, "stream", BOOL, False)
-    gen = GenRequest(msg, stream, n, _include_usage(body, stream), echo)
+    gen = GenRequest(msg, stream, n, _include_usage(body, stream), echo, ask)
     try:
         check_fields(gen.msg, max_model_len)
     except InvalidRequest as e:
