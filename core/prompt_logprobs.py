@@ -16,6 +16,10 @@ from typing import Callable, Sequence
 from core.ipc.protocol import I32, ForwardBatch
 
 Delivery = list   # [seq_id, first position, [[logprob, rank, [[id, logprob], ...]], ...]]
+# Numbers per StepEvents of prompt logprobs (~0.2 MB of msgpack): under the frontend's 1 MiB
+# limit on a core's frame, which a step of ~3,800 scored positions with 20 alternatives
+# would pass whole (--max-batch-tokens 4096 or more).
+PART_VALUES = 1 << 15
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,27 @@ class Span:
     top: int       # alternatives per position
     seq: int       # its sequence's index in the batch
     start: int     # its chunk's first position
+
+
+def parts(deliveries: Sequence[Delivery], budget: int = PART_VALUES) -> list[list[Delivery]]:
+    """`deliveries` cut by positions into lists of at most ~`budget` numbers each, in order
+    (a request's positions may span parts; the frontend keeps them by position)."""
+    out: list[list[Delivery]] = []
+    cur: list[Delivery] = []
+    size = 0
+    for key, first, entries in deliveries:
+        per = 2 + 2 * (len(entries[0][2]) if entries else 0)
+        step = max(1, budget // per)
+        for a in range(0, len(entries), step):
+            piece = entries[a:a + step]
+            if cur and size + len(piece) * per > budget:
+                out.append(cur)
+                cur, size = [], 0
+            cur.append([key, first + a, piece])
+            size += len(piece) * per
+    if cur:
+        out.append(cur)
+    return out
 
 
 class PromptLogprobs:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.ipc.protocol import I32, Delta, ProtocolError, StepEvents
+from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES, I32, Delta, ProtocolError, StepEvents, encode
+from core.prompt_logprobs import parts
 from frontend.client.common import Result
 from frontend.events import group_events
 from tests.test_frontend_parts import ev, state
@@ -42,3 +43,19 @@ def test_result_turns_them_into_vllms_dicts():
     assert r.prompt_logprobs == want
     r.add(Delta("r", "i", [105], "length"))
     assert r.prompt_logprobs == want
+
+
+def test_core_cuts_big_prompt_logprobs_into_frames_the_frontend_reads():
+    """8,192 positions with 20 alternatives (~2.2 MB as one frame) go as several StepEvents
+    under the 1 MiB frame limit, every position once and in order."""
+    entry = [-1.2345678901234567, 12345, [[40000 + k, -3.3333333333333335] for k in range(20)]]
+    deliveries = [[0, 1, [entry] * 8192], [1, 5, [[-0.5, 1, []]] * 3]]
+    cut = parts(deliveries)
+    assert len(cut) > 1
+    seen: dict[int, list] = {0: [], 1: []}
+    for part in cut:
+        frame = encode(StepEvents(I32(), I32(), [], prompt_logprobs=part))
+        assert len(frame) < DEFAULT_MAX_FRAME_BYTES / 2
+        for fid, first, entries in part:
+            seen[fid].extend(range(first, first + len(entries)))
+    assert seen == {0: list(range(1, 8193)), 1: [5, 6, 7]}
