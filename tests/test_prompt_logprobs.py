@@ -237,3 +237,42 @@ def test_batch_invariant_prompt_logprobs_are_bitwise_equal_in_any_batch():
                 ignore_eos=True)
     mixed = collect(eng, [(p, 3) for p in mine])
     assert mixed == alone   # exact floats: bitwise
+
+
+def test_scores_on_synthetic_logits_and_bad_columns_refused():
+    """Ranks count the more likely tokens; ties among the alternatives go by id; more than
+    ROWS_AT_ONCE rows come out in order; columns that do not hang together are a
+    ValueError before any forward."""
+    from core.ipc.protocol import I32
+    from worker import prompt_scores
+    n, vocab = prompt_scores.ROWS_AT_ONCE + 3, 11
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(0))
+    logits[0] = torch.tensor([0.0, 2.0, 2.0, 1.0, 2.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    targets = [3] + [k % vocab for k in range(1, n)]
+    tops = [3] + [k % 4 for k in range(1, n)]
+    b = make_empty_batch(n)
+    b.prompt_targets, b.prompt_top = I32(targets), I32(tops)
+    got = prompt_scores.score(logits, b)
+    ref = logits.log_softmax(-1)
+    assert list(got.ranks)[0] == 4 and list(got.top_ids)[:3] == [1, 2, 4]
+    for m in range(n):
+        assert got.logprobs[m] == float(ref[m, targets[m]])
+        assert got.ranks[m] == int((ref[m] > ref[m, targets[m]]).sum()) + 1
+    assert len(got.top_ids) == len(got.top_logprobs) == sum(tops)
+    prompt_scores.check(b, vocab)
+    for name, bad in (("prompt_targets", I32(targets[:-1])), ("prompt_targets", I32([vocab] * n)),
+                      ("prompt_top", I32([vocab + 1] * n)), ("prompt_top", I32([-1] * n))):
+        c = make_empty_batch(n)
+        c.prompt_targets, c.prompt_top = I32(targets), I32(tops)
+        setattr(c, name, bad)
+        with pytest.raises(ValueError):
+            prompt_scores.check(c, vocab)
+
+
+def make_empty_batch(n: int):
+    """A one-sequence batch of n tokens whose every token is a prompt row."""
+    from core.ipc.protocol import I32
+    from worker.handmade import Part, make_batch
+    b = make_batch([Part(list(range(n + 1)), 0, n, list(range(n // 16 + 2)))], 16)
+    b.prompt_rows = I32(range(n))
+    return b

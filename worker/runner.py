@@ -46,6 +46,7 @@ class ModelRunner:
     def logits(self, batch: ForwardBatch) -> torch.Tensor:
         """[num_sample_rows + len(prompt_rows), vocab] logits of the sampled rows, in
         sample_rows order, then those of the prompt-logprob rows."""
+        prompt_scores.check(batch, self.info.vocab_size)   # on every rank, before a collective
         if batch.num_tokens == 0:
             return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
         s = build_step(batch, self.kv, self.native, self.windows, self.per_row)
@@ -62,7 +63,6 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> StepResult:
         """One token per sample row, in sample_rows order, and the logprobs asked for."""
-        prompt_scores.check(batch, self.info.vocab_size)
         logits = self.logits(batch)
         rows = len(batch.sample_rows)
         ps = prompt_scores.score(logits[rows:], batch)
