@@ -276,3 +276,20 @@ def make_empty_batch(n: int):
     b = make_batch([Part(list(range(n + 1)), 0, n, list(range(n // 16 + 2)))], 16)
     b.prompt_rows = I32(range(n))
     return b
+
+
+@pytest.mark.parametrize("folder", ["", "format2"])
+def test_logs_from_before_prompt_logprobs_replay_with_the_model(tmp_path, folder):
+    """The golden logs have no prompt_logprobs table: read as none, and they verify with
+    the model they were recorded with (the null model)."""
+    import shutil
+    from pathlib import Path
+
+    from replay.record import SCENARIOS
+    src = Path(__file__).parent / "fixtures" / folder / "golden_aborts.db"
+    path = tmp_path / "golden.db"
+    shutil.copy(src, path)
+    log = LogFile(str(path))
+    assert "prompt_logprobs" not in log._tables() and log.prompt_logprobs() == {}
+    info = SCENARIOS["aborts"].info
+    assert verify(log, NullRunner(num_blocks=info.num_blocks, block_size=info.block_size)).ok
