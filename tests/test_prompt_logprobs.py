@@ -293,3 +293,15 @@ def test_logs_from_before_prompt_logprobs_replay_with_the_model(tmp_path, folder
     assert "prompt_logprobs" not in log._tables() and log.prompt_logprobs() == {}
     info = SCENARIOS["aborts"].info
     assert verify(log, NullRunner(num_blocks=info.num_blocks, block_size=info.block_size)).ok
+
+
+def test_what_if_keeps_prompt_logprob_requests_off_the_cache(runner, tmp_path):
+    """A what-if simulation of a log runs its prompt-logprob requests without cache hits,
+    as the engine did."""
+    from replay.timeline import recorded
+    from replay.trace import from_log, scaled
+    path = tmp_path / "plp.db"
+    record_log(runner, path, overlap=False)
+    log = LogFile(str(path))
+    reqs = scaled(from_log(log, recorded(log)), 2.0)
+    assert [r.cache_hits for r in reqs] == [False, False, False, True]
