@@ -305,3 +305,18 @@ def test_what_if_keeps_prompt_logprob_requests_off_the_cache(runner, tmp_path):
     log = LogFile(str(path))
     reqs = scaled(from_log(log, recorded(log)), 2.0)
     assert [r.cache_hits for r in reqs] == [False, False, False, True]
+
+
+@pytest.mark.parametrize("entries", ['"x"', "[[0.5, 0, []]]", "[[0.5, 1, [[1]]]]", "[1]",
+                                     "not json"])
+def test_a_damaged_prompt_logprobs_row_is_a_damaged_log(runner, tmp_path, capsys, entries):
+    from replay.__main__ import main as replay_main
+    from replay.damage import DamagedLog
+    path = tmp_path / "plp.db"
+    record_log(runner, path, overlap=False)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE prompt_logprobs SET entries=? WHERE rowid=1", (entries,))
+    with pytest.raises(DamagedLog, match="prompt logprobs of step"):
+        LogFile(str(path)).prompt_logprobs()
+    assert replay_main(["verify", "--with-model", str(path)]) == 2
+    assert "damaged step log" in capsys.readouterr().err
