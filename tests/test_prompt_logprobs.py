@@ -307,13 +307,24 @@ def test_what_if_keeps_prompt_logprob_requests_off_the_cache(runner, tmp_path):
     assert [r.cache_hits for r in reqs] == [False, False, False, True]
 
 
+@pytest.fixture(scope="module")
+def plp_log(runner, tmp_path_factory):
+    path = tmp_path_factory.mktemp("plp") / "plp.db"
+    record_log(runner, path, overlap=False)
+    with sqlite3.connect(path) as conn:   # one self-contained file, no -wal beside it
+        conn.execute("PRAGMA journal_mode=DELETE")
+    return path
+
+
 @pytest.mark.parametrize("entries", ['"x"', "[[0.5, 0, []]]", "[[0.5, 1, [[1]]]]", "[1]",
                                      "not json"])
-def test_a_damaged_prompt_logprobs_row_is_a_damaged_log(runner, tmp_path, capsys, entries):
+def test_a_damaged_prompt_logprobs_row_is_a_damaged_log(plp_log, tmp_path, capsys, entries):
+    import shutil
+
     from replay.__main__ import main as replay_main
     from replay.damage import DamagedLog
     path = tmp_path / "plp.db"
-    record_log(runner, path, overlap=False)
+    shutil.copy(plp_log, path)
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE prompt_logprobs SET entries=? WHERE rowid=1", (entries,))
     with pytest.raises(DamagedLog, match="prompt logprobs of step"):
