@@ -159,6 +159,31 @@ def test_http_prompt_logprobs_in_vllms_shape(oai, stock):
     assert e.value.param == "prompt_logprobs"
 
 
+def test_http_a_batch_of_two_prompts_scores_each_its_own(oai, stock):
+    """echo with logprobs and prompt_logprobs over a batch: each choice's prompt entries are
+    its own prompt's (choice i*n + j is prompt i's), max_tokens 0 included."""
+    prompts = [prompt_ids(21, 7), prompt_ids(30, 8)]
+    refs = [reference(stock, p) for p in prompts]
+    r = oai.completions.create(model="tiny", prompt=prompts, echo=True, logprobs=1,
+                               max_tokens=0, extra_body={"prompt_logprobs": 2})
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.prompt_tokens == 51 and r.usage.completion_tokens == 0
+    for choice, p, ref in zip(r.choices, prompts, refs):
+        lp, got = choice.logprobs, choice.model_extra["prompt_logprobs"]
+        assert len(lp.tokens) == len(p) == len(got) and lp.token_logprobs[0] is None
+        for pos in range(1, len(p)):
+            want = float(ref[pos - 1][p[pos]])
+            assert abs(lp.token_logprobs[pos] - want) < 1e-4
+            assert abs(got[pos][str(p[pos])]["logprob"] - want) < 1e-4
+    r = oai.completions.create(model="tiny", prompt=prompts, echo=True, logprobs=0, n=2,
+                               max_tokens=2, temperature=0, extra_body={"ignore_eos": True})
+    for choice in r.choices:
+        p = prompts[choice.index // 2]
+        assert len(choice.logprobs.tokens) == len(p) + 2
+        assert abs(choice.logprobs.token_logprobs[len(p) - 1]
+                   - float(refs[choice.index // 2][len(p) - 2][p[-1]])) < 1e-4
+
+
 def test_the_log_replays_with_the_model(group, tmp_path):
     """Last: every request above is in the log; its prompt logprobs are checked bit for bit."""
     def settled():

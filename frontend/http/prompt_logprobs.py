@@ -79,6 +79,10 @@ class PromptOnly:
     def __init__(self, client):
         self._client = client
 
+    def __getattr__(self, name: str):
+        # the rest is the client's: a counted client's hold and release (the per-user cap)
+        return getattr(self._client, name)
+
     async def stream(self, **kw):
         async with aclosing(self._client.stream(**kw)) as deltas:
             async for d in deltas:
