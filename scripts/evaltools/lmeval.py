@@ -30,7 +30,7 @@ def gateway_args(http: str, model: str = "tl", tokenizer: Path | None = None) ->
 
 def hf_args(pretrained: Path, gguf_file: str | None = None) -> dict:
     """lm-eval's own `hf` model on the same weights, fp32 on CPU (as the engine runs them)."""
-    args = {"pretrained": str(pretrained), "dtype": "float32", "device": "cpu"}
+    args = {"pretrained": str(pretrained), "dtype": "float32"}   # cpu: the torch is CPU-only
     return args | ({"gguf_file": gguf_file} if gguf_file else {})
 
 
