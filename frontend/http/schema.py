@@ -114,9 +114,12 @@ def _chat_logprobs(body: dict) -> int | None:
 def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
               logprobs: int | None, add_special_tokens: bool) -> Generate:
     # every field given: OpenAI's defaults (temperature 1.0) are not the Client's
+    own = get(body, "priority", INT, 0)
+    if not -MAX_PRIORITY <= own <= MAX_PRIORITY:   # checked where the header overrides it too
+        raise ApiError(400, f"priority must be in [{-MAX_PRIORITY}, {MAX_PRIORITY}], got {own}",
+                       "priority")
     return make_generate(
-        prompt, max_tokens=max_tokens,
-        priority=get(body, "priority", INT, 0) if priority is None else priority,
+        prompt, max_tokens=max_tokens, priority=own if priority is None else priority,
         temperature=float(get(body, "temperature", NUM, 1.0)),
         top_p=float(get(body, "top_p", NUM, 1.0)),
         top_k=_top_k(body), seed=get(body, "seed", INT), stop=fields.stop(body.get("stop")),
