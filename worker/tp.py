@@ -72,8 +72,9 @@ def main(a, argv: list[str]) -> int:
     ranks: list[subprocess.Popen] = []
     stopping = threading.Event()
     host, port = rendezvous(a.dist_init)
-    if a.rank == 0 and (why := _precheck(a)):
-        return refuse(why)
+    if a.rank == 0:
+        if why := _precheck(a):
+            return refuse(why)
         store = dist.TCPStore(host, port, a.tp, is_master=True, timeout=RENDEZVOUS_WAIT,
                               wait_for_workers=False)
         ranks = [_spawn(argv, r, f"tcp://{host}:{store.port}") for r in range(1, per_node)]
