@@ -3,6 +3,7 @@ type it must have, and raises DamagedLog naming where it was and what was wrong.
 from __future__ import annotations
 
 import json
+import math
 from operator import itemgetter
 
 
@@ -27,8 +28,9 @@ def integer(v, where: str, minimum: int | None = None, maximum: int | None = Non
 
 
 def number(v, where: str) -> float:
-    if type(v) not in (int, float):
-        raise DamagedLog(f"{where} is {_show(v)}, not a number")
+    """A finite number: the engine logs no inf or NaN (clocks, bounded sampling values)."""
+    if type(v) not in (int, float) or (type(v) is float and not math.isfinite(v)):
+        raise DamagedLog(f"{where} is {_show(v)}, not a finite number")
     return v
 
 

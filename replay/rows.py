@@ -23,9 +23,9 @@ OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
 # model_info's other keys (older logs lack some): how each is read
-MODEL_INFO = {"dtype": text, "device": text, "tokenizer": text, "tp": lambda v, w: integer(v, w, 1),
-              "batch_invariant": boolean, "model": text, "num_blocks": integer,
-              "block_size": integer}
+MODEL_INFO = {"dtype": text, "device": text, "tokenizer": text, "model": text,
+              "tp": lambda v, w: integer(v, w, 1), "batch_invariant": boolean,
+              "num_blocks": integer, "block_size": integer}
 
 
 def check_meta(meta: dict) -> Bounds:
@@ -76,19 +76,19 @@ def request_row(r: dict, b: Bounds) -> dict:
         raise DamagedLog(f"{w} empty prompt")
     out = r["output_tokens"]
     row = {"id": seq_id,
-            "client_request_id": optional(text, r["client_request_id"], f"{w} client_request_id"),
-            "arrival_step": integer(r["arrival_step"], f"{w} arrival_step", 0),
-            "prompt_tokens": prompt,
-            "max_tokens": integer(r["max_tokens"], f"{w} max_tokens", 1),
-            "priority": integer(r["priority"], f"{w} priority"),
-            "sampling": _sampling(parsed(r["sampling"], f"{w} sampling"), f"{w} sampling"),
-            "finish_step": optional(integer, r["finish_step"], f"{w} finish_step", 0),
-            "finish_reason": optional(one_of, r["finish_reason"], f"{w} finish_reason",
-                                      FINISH_REASONS),
-            "output_tokens": None if out is None else b.tokens(
-                parsed(out, f"{w} output_tokens"), f"{w} output_tokens"),
-            "user": optional(text, r.get("user"), f"{w} user"),
-            "arrival_time": optional(number, r.get("arrival_time"), f"{w} arrival_time")}
+           "client_request_id": optional(text, r["client_request_id"], f"{w} client_request_id"),
+           "arrival_step": integer(r["arrival_step"], f"{w} arrival_step", 0),
+           "prompt_tokens": prompt,
+           "max_tokens": integer(r["max_tokens"], f"{w} max_tokens", 1),
+           "priority": integer(r["priority"], f"{w} priority"),
+           "sampling": _sampling(parsed(r["sampling"], f"{w} sampling"), f"{w} sampling"),
+           "finish_step": optional(integer, r["finish_step"], f"{w} finish_step", 0),
+           "finish_reason": optional(one_of, r["finish_reason"], f"{w} finish_reason",
+                                     FINISH_REASONS),
+           "output_tokens": None if out is None else b.tokens(
+               parsed(out, f"{w} output_tokens"), f"{w} output_tokens"),
+           "user": optional(text, r.get("user"), f"{w} user"),
+           "arrival_time": optional(number, r.get("arrival_time"), f"{w} arrival_time")}
     check_request(row, b, w)
     return row
 
