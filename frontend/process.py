@@ -211,9 +211,9 @@ class Frontend(CoreSide):
             check_params(msg, self.info)
             ids = (self.tokenizer.encode(msg.prompt, msg.add_special_tokens)
                    if isinstance(msg.prompt, str) else msg.prompt)
-            check_prompt_ids(ids, self.info)
+            check_prompt_ids(ids, self.info, msg.max_tokens if msg.max_tokens_must_fit else None)
         except InvalidRequest as e:
-            return self._error(ident, msg.request_id, e.code, str(e))
+            return self._error(ident, msg.request_id, e.code, str(e), e.field)
         st = self._state(ident, msg, ids)
         several = len(self.replicas) > 1 or self.joins is not None
         seed = failover_seed(msg, ident) if several else None
@@ -248,8 +248,9 @@ class Frontend(CoreSide):
         if not self.stats_queries.ask(ident, self.replicas):
             self._error(ident, None, 503, "the core is not answering")
 
-    def _error(self, ident: bytes, request_id: str | None, code: int, message: str) -> None:
-        self.router.send(ident, ErrorReply(request_id, code, message))
+    def _error(self, ident: bytes, request_id: str | None, code: int, message: str,
+               param: str | None = None) -> None:
+        self.router.send(ident, ErrorReply(request_id, code, message, param))
 
     def _send_delta(self, ident: bytes, delta: Delta) -> None:
         if not self.router.send(ident, delta):

@@ -44,11 +44,12 @@ def main(argv=None) -> int:
         return tp.main(a, sys.argv[1:] if argv is None else list(argv))
     from worker.load import make_runner
     from worker.process import serve
+    from worker.registry_models import RegistryUnavailable
     try:
         runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
                              kv_memory=a.kv_memory, block_size=a.block_size,
                              max_model_len=a.max_model_len, batch_invariant=a.batch_invariant)
-    except LOAD_ERRORS as e:
+    except (*LOAD_ERRORS, RegistryUnavailable) as e:   # settings or a model it cannot serve
         return refuse(str(e))
     ctx = zmq.Context()
     try:

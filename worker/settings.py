@@ -24,9 +24,10 @@ def problem(model: str, *, tp: int = 1, dtype: str = "float32", block_size: int 
         return "the null model has no weights to split: use --tp 1" if tp != 1 else None
     if not read_config:
         return None
+    from worker.registry_models import RegistryUnavailable
     try:
         _check_config(model, tp, dtype, block_size, num_blocks, kv_memory, max_model_len)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError, RegistryUnavailable) as e:
         return str(e)
     return None
 

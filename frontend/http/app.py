@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -22,10 +21,10 @@ from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
 from frontend.http.format import ChatFormat, CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
-from frontend.http.jsonbody import parse_json
+from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
-from frontend.http.tokens import Tokens, detokenize, tokenize
+from frontend.http.tokens import Tokens, detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("http")
 
@@ -69,6 +68,7 @@ def make_app(gw: Gateway) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/tokenize", tokenize_route)
     app.router.add_post("/detokenize", detokenize_route)
+    app.router.add_get("/tokenizer_info", tokenizer_info_route)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     return app
@@ -113,7 +113,7 @@ async def openai_errors(request: web.Request, handler):
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(ApiError(e.status, e.reason))
+        return error_response(ApiError(e.status, e.reason, BODY if e.status == 400 else None))
     except Exception:
         log.exception("unexpected error on %s", request.path)
         return error_response(ApiError(500, "internal error in the gateway"))
@@ -170,6 +170,11 @@ async def detokenize_route(request: web.Request) -> web.Response:
     return web.json_response(detokenize(request.app[GATEWAY].tokens, body))
 
 
+async def tokenizer_info_route(request: web.Request) -> web.Response:
+    chat = request.app[GATEWAY].chat
+    return web.json_response(tokenizer_info(chat.tokenizer, chat.template))
+
+
 async def models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     card = {"id": gw.model, "object": "model", "created": gw.created, "owned_by": "tl-engine",
@@ -200,7 +205,7 @@ def replica_health(st: dict) -> dict:
 
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    gw.metrics.refresh(await _stats(gw), time.monotonic())
+    gw.metrics.refresh(await _stats(gw))
     # aiohttp's content_type argument refuses parameters such as version=: a raw header
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

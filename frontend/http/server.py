@@ -4,8 +4,8 @@ aiohttp (not FastAPI + uvicorn): one dependency that streams, cancels a handler 
 disconnected and drains in-flight requests on shutdown, on the asyncio loop AsyncClient uses.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
-POST /detokenize, /health, /metrics (frontend/http/app.py). A body must arrive within
---body-timeout seconds (408 and the connection closes otherwise). Prints `READY
+POST /detokenize, GET /tokenizer_info, /health, /metrics (frontend/http/app.py). A body
+must arrive within --body-timeout seconds (408 and the connection closes otherwise). Prints `READY
 http://HOST:PORT` on stdout once the engine answers stats(), the chat template is loaded
 and the port is bound (--port 0 picks a free one).
 SIGTERM/SIGINT: stop accepting connections, let in-flight requests finish (up to

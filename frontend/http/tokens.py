@@ -1,5 +1,5 @@
 """The served tokenizer as the gateway uses it: token strings for logprobs, the prompt text
-for echo, and the /tokenize and /detokenize bodies (vLLM's shapes).
+for echo, and the /tokenize, /detokenize and /tokenizer_info bodies (vLLM's shapes).
 
 Tokenizing is what the engine does to a completion prompt: `tokenizer(text)` with the
 request's add_special_tokens (frontend/tokenizer.py).
@@ -43,6 +43,34 @@ class Tokens:
 
     def token_strs(self, ids: list[int]) -> list[str]:
         return list(self._hf.convert_ids_to_tokens(ids))
+
+
+def tokenizer_info(hf, chat_template: str) -> dict:
+    """vLLM's /tokenizer_info: the tokenizer's configuration (its init_kwargs, as
+    tokenizer_config.json holds them, without file paths), its class, and the chat template
+    the gateway renders chats with. lm-eval's remote tokenizer reads eos_token, bos_token,
+    pad_token and chat_template from it."""
+    config = {k: v for k, v in (getattr(hf, "init_kwargs", None) or {}).items()
+              if k not in ("vocab_file", "merges_file")}
+    for name in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        config.setdefault(name, getattr(hf, name, None))
+    config = _plain(config)
+    config["tokenizer_class"] = type(hf).__name__
+    config["chat_template"] = chat_template
+    return config
+
+
+def _plain(obj):
+    """JSON's types: a special token (AddedToken) as its text, other objects as str."""
+    if hasattr(obj, "content"):
+        return obj.content
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
 
 
 def tokenize(tokens: Tokens, body: dict, render: Callable[..., str],
