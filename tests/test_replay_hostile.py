@@ -85,7 +85,13 @@ CASES = {
     "NaN temperature": (sampling("temperature", float("nan")),
                         ["request 1: sampling", "temperature"]),
     "logprobs 1e6": (sampling("logprobs", 10 ** 6), ["request 1: sampling", "logprobs"]),
+    # SQLite keeps an infinite REAL; whatif's clock never reached it (a hang)
+    "inf wall_time": (("steps", "wall_time", "step=5", lambda _: float("inf")),
+                      ["step 5: wall_time", "not a finite number"]),
+    "inf arrival_time": (("requests", "arrival_time", "id=2", lambda _: float("inf")),
+                         ["request 2: arrival_time", "not a finite number"]),
 }
+SCALARS = {"wall_time", "arrival_time"}   # columns that are not JSON
 
 
 def token(column: str, t: int):
@@ -106,9 +112,12 @@ def hostile(good: Path, tmp_path: Path, table: str, column: str, where: str, cha
     shutil.copy(good, path)
     with sqlite3.connect(path) as conn:
         (old,) = conn.execute(f"SELECT {column} FROM {table} WHERE {where}").fetchone()
-        new = change(json.loads(old))
-        conn.execute(f"UPDATE {table} SET {column}=? WHERE {where}",
-                     (new if new is DEEP else json.dumps(new),))
+        if column in SCALARS:
+            new = change(old)
+        else:
+            new = change(json.loads(old))
+            new = new if new is DEEP else json.dumps(new)
+        conn.execute(f"UPDATE {table} SET {column}=? WHERE {where}", (new,))
     return path
 
 
