@@ -6,6 +6,8 @@ import json
 import math
 from operator import itemgetter
 
+from core.logrecords import MAX_CLOCK
+
 
 class DamagedLog(Exception):
     """A file that cannot be read as a step log, or one whose contents are damaged; str()
@@ -31,6 +33,13 @@ def number(v, where: str) -> float:
     """A finite number: the engine logs no inf or NaN (clocks, bounded sampling values)."""
     if type(v) not in (int, float) or (type(v) is float and not math.isfinite(v)):
         raise DamagedLog(f"{where} is {_show(v)}, not a finite number")
+    return v
+
+
+def clock(v, where: str) -> float:
+    """A clock column's value (core/logrecords.py)."""
+    if not 0 <= number(v, where) < MAX_CLOCK:
+        raise DamagedLog(f"{where} is {_show(v)}, outside [0, 2**32)")
     return v
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import fields
 from operator import itemgetter
 
-from core.logrecords import StepRecord, is_json
+from core.logrecords import StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
 from replay.bounds import Bounds, check_request, meta_bounds
-from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
-                           optional, parsed, rows, text, within)
+from replay.damage import (DamagedLog, boolean, clock, int_list, integer, mapping, number,
+                           one_of, optional, parsed, rows, text, within)
 
 # stop: a stop string ended it; abandon: an overlapped step dropped unlaunched (core/overlap.py)
 INPUT_KINDS = {"add", "abort", "stop", "restart", "abandon"}
@@ -88,7 +88,7 @@ def request_row(r: dict, b: Bounds) -> dict:
            "output_tokens": None if out is None else b.tokens(
                parsed(out, f"{w} output_tokens"), f"{w} output_tokens"),
            "user": optional(text, r.get("user"), f"{w} user"),
-           "arrival_time": optional(number, r.get("arrival_time"), f"{w} arrival_time")}
+           "arrival_time": optional(clock, r.get("arrival_time"), f"{w} arrival_time")}
     check_request(row, b, w)
     return row
 
@@ -159,8 +159,8 @@ _SHAPES = {"schedule": _schedule, "outputs": _outputs}
 _READERS = {int: lambda v, where: integer(v, where, 0), float: number, str: text}
 _STEP_NAMES = [f.name for f in fields(StepRecord)]
 _STEP_JSON = [(f.name, _SHAPES[f.name]) for f in fields(StepRecord) if is_json(f)]
-_STEP_SCALARS = [(f.name, _READERS[f.type]) for f in fields(StepRecord)
-                 if not is_json(f) and f.name != StepRecord.key]
+_STEP_SCALARS = [(f.name, clock if is_clock(f) else _READERS[f.type])
+                 for f in fields(StepRecord) if not is_json(f) and f.name != StepRecord.key]
 
 
 def gap_message(first, last, records, reason) -> str:

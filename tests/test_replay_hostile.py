@@ -90,8 +90,13 @@ CASES = {
                       ["step 5: wall_time", "not a finite number"]),
     "inf arrival_time": (("requests", "arrival_time", "id=2", lambda _: float("inf")),
                          ["request 2: arrival_time", "not a finite number"]),
+    # finite but past any clock: the what-if fit overflowed on it
+    "wall_time 1e300": (("steps", "wall_time", "step=5", lambda _: 1e300),
+                        ["step 5: wall_time", "outside [0, 2**32)"]),
+    "duration_ms -1": (("steps", "duration_ms", "step=5", lambda _: -1.0),
+                       ["step 5: duration_ms", "outside [0, 2**32)"]),
 }
-SCALARS = {"wall_time", "arrival_time"}   # columns that are not JSON
+SCALARS = {"wall_time", "duration_ms", "arrival_time"}   # columns that are not JSON
 
 
 def token(column: str, t: int):
