@@ -20,6 +20,7 @@ _DEFAULTS = asdict(SamplingParams())
 class Bounds:
     vocab_size: int      # a token is in [0, vocab_size)
     max_model_len: int   # the scheduler's: positions and a request's max_tokens stay below it
+    num_blocks: int      # the pool's: a step's free blocks are at most these
 
     def tokens(self, v, where: str) -> list[int]:
         return int_list(v, where, 0, self.vocab_size - 1)
@@ -36,7 +37,7 @@ def meta_bounds(meta: dict) -> Bounds:
     if problem:
         raise DamagedLog(f"meta: {problem}")
     integer(sc["max_model_len"], "meta sched_config max_model_len", 1, info["max_model_len"])
-    b = Bounds(vocab, sc["max_model_len"])
+    b = Bounds(vocab, sc["max_model_len"], meta["num_blocks"])
     b.tokens(info["eos_ids"], "meta model_info eos_ids")
     return b
 

@@ -131,6 +131,7 @@ def step_row(row: tuple, requests: dict, b: Bounds) -> StepRecord:
         raise DamagedLog(f"{w} names request {min(missing)}, which the requests table lacks")
     for name, read in _STEP_SCALARS:
         read(v[name], f"{w} {name}")
+    integer(v["free_blocks"], f"{w} free_blocks", 0, b.num_blocks)
     return StepRecord(**v)
 
 

@@ -95,8 +95,11 @@ CASES = {
                         ["step 5: wall_time", "outside [0, 2**32)"]),
     "duration_ms -1": (("steps", "duration_ms", "step=5", lambda _: -1.0),
                        ["step 5: duration_ms", "outside [0, 2**32)"]),
+    # more free blocks than the pool holds: summary's KV sparkline indexed past its scale
+    "free_blocks 2**31": (("steps", "free_blocks", "step=5", lambda _: 2 ** 31),
+                          ["step 5: free_blocks", "more than 64"]),
 }
-SCALARS = {"wall_time", "duration_ms", "arrival_time"}   # columns that are not JSON
+SCALARS = {"wall_time", "duration_ms", "arrival_time", "free_blocks"}   # columns that are not JSON
 
 
 def token(column: str, t: int):
