@@ -86,7 +86,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     path, checkpoint = resolve_checkpoint(model)
     hf = load_model(path, device, dtype, tp)
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
-    limit = _context_limit(cfg, max_model_len)
+    limit = context_limit(cfg, max_model_len)
     shape = kv.kv_shape(cfg, tp)
     blocks = kv.size_pool(shape, block_size, torch_dtype, limit, num_blocks, kv_memory)
     cache = kv.allocate(shape, blocks, block_size, torch_dtype, hf.device)
@@ -131,7 +131,7 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32", tp: int 
     return (hf if split else hf.to(dev)).eval()
 
 
-def _context_limit(cfg, requested: int | None) -> int:
+def context_limit(cfg, requested: int | None) -> int:
     """At most the model's positions (a sliding window does not cap it: the paged attention
     attends within the window)."""
     limit = cfg.max_position_embeddings
