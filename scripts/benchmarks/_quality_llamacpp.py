@@ -46,15 +46,14 @@ def parse_final(output: str) -> float:
 
 
 def perplexity(gguf: Path, text_file: Path, ctx: int, want: list[list[int]],
-               workdir: Path) -> dict:
+               workdir: Path, threads: int) -> dict:
     """llama-perplexity's PPL over `text_file` (it drops one trailing newline, as our text
     does), checked to have evaluated exactly the windows `want`."""
     binary = get.ensure_tool("llama-perplexity")
     base, log = workdir / "llamacpp.logits", workdir / "llama-perplexity.log"
-    n = serve.threads()
     cmd = [str(binary), "-m", str(gguf), "-f", str(text_file), "-c", str(ctx), "-b", str(ctx),
-           "--chunks", str(len(want)), "-t", str(n), "-tb", str(n), "-ctk", "f32", "-ctv",
-           "f32", NO_REPACK, "--kl-divergence-base", str(base)]
+           "--chunks", str(len(want)), "-t", str(threads), "-tb", str(threads),
+           "-ctk", "f32", "-ctv", "f32", NO_REPACK, "--kl-divergence-base", str(base)]
     try:
         with open(log, "w") as out:
             rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -73,7 +72,8 @@ def perplexity(gguf: Path, text_file: Path, ctx: int, want: list[list[int]],
                            f"{got_ctx} vs {ctx}, {len(ids)} vs {len(flat)} ids, first "
                            f"difference at {first}): its tokenizer splits the text otherwise")
     return {"ppl": parse_final(text), "windows": len(ids) // ctx, "same_tokens": True,
-            "command": " ".join(cmd[1:]).replace(str(base), "FILE")}
+            "args": [{str(gguf): gguf.name, str(text_file): text_file.name,
+                      str(base): "FILE"}.get(x, x) for x in cmd[1:]]}
 
 
 def eog_ids(gguf: Path) -> list[int]:
@@ -108,12 +108,12 @@ async def _all(url: str, prompts: list[list[int]], n: int, slots: int) -> list[l
         return await asyncio.gather(*(one(s, p) for p in prompts))
 
 
-def greedy(gguf: Path, prompts: list[list[int]], n: int, workdir: Path,
+def greedy(gguf: Path, prompts: list[list[int]], n: int, workdir: Path, threads: int,
            slots: int = 4) -> list[list[int]]:
     """llama-server's first n greedy tokens of each prompt (ids in, ids out)."""
     binary = get.ensure_server()
     ctx = -(-(max(map(len, prompts)) + n) // 256) * 256
-    args = serve.server_args(binary, gguf, serve.free_port(), slots, ctx, serve.threads())
+    args = serve.server_args(binary, gguf, serve.free_port(), slots, ctx, threads)
     server = serve.Server([*args, NO_REPACK], workdir / "llama-server.log")
     try:
         server.wait_ready()

@@ -90,6 +90,9 @@ def parse(argv=None) -> argparse.Namespace:
                     help="run on a tree that differs from its commit (the JSON says so)")
     ap.add_argument("--no-llamacpp", action="store_true",
                     help="skip llama.cpp (its figures are null)")
+    ap.add_argument("--llamacpp-threads", type=int, default=None,
+                    help="llama.cpp's threads (default: the usable cores; on a loaded machine "
+                    "fewer spin less at its barriers)")
     return ap.parse_args(argv)
 
 
@@ -132,7 +135,8 @@ def main(argv=None) -> int:
         doc.update(tokens=ppl_e.tokens, ppl_engine=ppl_e.ppl, ppl_transformers=ppl_t.ppl,
                    ppl_llamacpp=None, greedy=None)
         if eog is not None:
-            _llamacpp(doc, gguf, wins, a.ctx, prompts, gen, eog, tmp, seconds)
+            _llamacpp(doc, gguf, wins, a.ctx, prompts, gen, eog, tmp, seconds,
+                      a.llamacpp_threads)
     doc["seconds"] = seconds
     doc["engine_vs_transformers"] = qp.relative_diff(ppl_e.ppl, ppl_t.ppl)
     doc["llamacpp_vs_engine"] = qp.relative_diff(doc["ppl_llamacpp"], ppl_e.ppl)
@@ -151,14 +155,16 @@ def _eog(gguf: Path) -> list[int]:
     return lc.eog_ids(gguf)
 
 
-def _llamacpp(doc, gguf, wins, ctx, prompts, gen, eog, tmp, seconds) -> None:
+def _llamacpp(doc, gguf, wins, ctx, prompts, gen, eog, tmp, seconds, threads) -> None:
+    from scripts.benchmarks import _llamacpp_serve as serve
     from scripts.benchmarks import _quality_llamacpp as lc
+    threads = threads or serve.threads()
     t0 = time.monotonic()
-    ppl = lc.perplexity(gguf, TEXT, ctx, wins, tmp)
-    peer = lc.greedy(gguf, prompts, GREEDY_TOKENS, tmp)
+    ppl = lc.perplexity(gguf, TEXT, ctx, wins, tmp, threads)
+    peer = lc.greedy(gguf, prompts, GREEDY_TOKENS, tmp, threads)
     seconds["llamacpp"] = time.monotonic() - t0
     doc["ppl_llamacpp"] = ppl.pop("ppl")
-    doc["llamacpp"] = ppl
+    doc["llamacpp"] = {**ppl, "threads": threads}
     doc["greedy"] = qp.agreement(gen, peer, frozenset(eog), GREEDY_TOKENS)
     doc["greedy"]["eog_ids"] = eog
 
