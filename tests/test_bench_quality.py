@@ -66,7 +66,7 @@ def test_agreement_counts_identical_requests_and_where_the_others_part():
     assert ag["parted"] == [
         {"request": 1, "position": 2, "engine": 7, "llamacpp": 8, "margin": pytest.approx(0.1)},
         {"request": 2, "position": 1, "engine": 2, "llamacpp": 4, "margin": pytest.approx(0.5)}]
-    assert ag["margin_median"] == pytest.approx(0.5)
+    assert ag["margin_median"] == ag["margin_max"] == pytest.approx(0.5)
     assert qp.parting([1, qp.END], [1]) == 1 and qp.parting([1], [1]) is None
 
 

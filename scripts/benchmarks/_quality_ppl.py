@@ -117,4 +117,5 @@ def agreement(engine: Sequence[tuple[Sequence[int], Sequence[dict]]],
     margins = sorted(p["margin"] for p in parted if p["margin"] is not None)
     return {"requests": len(peer), "first_tokens": n, "identical": len(peer) - len(parted),
             "margin_median": margins[len(margins) // 2] if margins else None,
+            "margin_max": margins[-1] if margins else None,
             "parted": parted}

@@ -170,7 +170,7 @@ def _llamacpp(doc, gguf, wins, ctx, prompts, gen, eog, tmp, seconds, threads) ->
 
 
 def report(doc: dict) -> None:
-    pct = lambda v: "-" if v is None else f"{100 * v:.4f}%"  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{100 * v:.3g}%"  # noqa: E731
     num = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     w = doc["windows"]
     print(f"quality: {doc['model']} ({doc['model_file']}), {doc['tokens']} tokens scored in "
@@ -183,8 +183,9 @@ def report(doc: dict) -> None:
     if doc.get("greedy"):
         g = doc["greedy"]
         print(f"greedy agreement with llama-server: {g['identical']}/{g['requests']} requests "
-              f"identical over the first {g['first_tokens']} tokens; median top-2 margin "
-              f"where they part: {num(g['margin_median'])}")
+              f"identical over the first {g['first_tokens']} tokens; the engine's top-2 "
+              f"margin where they part: median {num(g['margin_median'])}, largest "
+              f"{num(g['margin_max'])}")
     print(f"load: before [{doc['uptime_before']}] after [{doc['uptime_after']}]")
 
 
