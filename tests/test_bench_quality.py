@@ -102,13 +102,9 @@ def _smollm2_or_skip():
 def test_engine_and_transformers_agree_on_a_slice(tmp_path):
     """Two windows of 128 tokens of the text: the engine's prompt logprobs over HTTP and
     stock transformers on the same float32 weights give perplexities within 0.1%."""
-    from transformers import AutoTokenizer
-
     from scripts.benchmarks import _quality_hf as hf
     _, ckpt = _smollm2_or_skip()
-    toks = AutoTokenizer.from_pretrained(ckpt)(quality.text_of(quality.TEXT),
-                                               add_special_tokens=False)["input_ids"]
-    wins = qp.windows(toks[:256], 128)
+    wins = qp.windows(quality.text_tokens(ckpt)[:256], 128)
     engine, _ = quality.run_engine("smollm2", tmp_path, wins, 128, [], [])
     ref = hf.score(ckpt, wins, 128)
     e, t = qp.perplexity(engine), qp.perplexity(ref)

@@ -106,48 +106,60 @@ def main(argv=None) -> int:
     doc = {"benchmark": "quality", "model": a.model, "commit": commit, "dirty": dirty,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "uptime_before": uptime(), "machine": bl.machine()}
-    gguf, ckpt = gguf_model(a.model)
     from worker.gguf_file import hash_file
-    from transformers import AutoTokenizer
+    gguf, ckpt = gguf_model(a.model)
     doc.update(model_file=gguf.name, model_sha256=hash_file(gguf))
-    text = text_of(TEXT)
-    tokens = AutoTokenizer.from_pretrained(ckpt)(text, add_special_tokens=False)["input_ids"]
+    tokens = text_tokens(ckpt)
     wins = qp.windows(tokens, a.ctx)
     if len(wins) < 2:
         raise SystemExit(f"quality: {len(tokens)} tokens make fewer than 2 windows of {a.ctx}")
     doc["text"] = {"file": str(TEXT.relative_to(ROOT)), "tokens": len(tokens)}
     doc["windows"] = {"ctx": a.ctx, "count": len(wins), "scored_from": a.ctx // 2 + 1,
                       "scored_per_window": len(qp.scored_positions(a.ctx))}
-    prompts = chat_prompts(ckpt)
-    eog = None if a.no_llamacpp else _eog(gguf)
-    seconds = {}
     with tempfile.TemporaryDirectory(prefix="tl-quality-") as tmp:
-        tmp = Path(tmp)
-        t0 = time.monotonic()
-        engine, gen = run_engine(a.model, tmp, wins, a.ctx, [] if eog is None else prompts,
-                                 eog or [])
-        seconds["engine"] = time.monotonic() - t0
-        from scripts.benchmarks import _quality_hf as hf
-        t0 = time.monotonic()
-        ref = hf.score(ckpt, wins, a.ctx)
-        seconds["transformers"] = time.monotonic() - t0
-        ppl_e, ppl_t = qp.perplexity(engine), qp.perplexity(ref)
-        doc.update(tokens=ppl_e.tokens, ppl_engine=ppl_e.ppl, ppl_transformers=ppl_t.ppl,
-                   ppl_llamacpp=None, greedy=None)
-        if eog is not None:
-            _llamacpp(doc, gguf, wins, a.ctx, prompts, gen, eog, tmp, seconds,
-                      a.llamacpp_threads)
-    doc["seconds"] = seconds
-    doc["engine_vs_transformers"] = qp.relative_diff(ppl_e.ppl, ppl_t.ppl)
-    doc["llamacpp_vs_engine"] = qp.relative_diff(doc["ppl_llamacpp"], ppl_e.ppl)
-    doc["goals"] = {"transformers_within_0.1pct": doc["engine_vs_transformers"] <= GOALS["transformers"],
-                    "llamacpp_within_1pct": None if doc["llamacpp_vs_engine"] is None
-                    else doc["llamacpp_vs_engine"] <= GOALS["llamacpp"]}
-    doc["uptime_after"] = uptime()
+        doc.update(measure(a, Path(tmp), gguf, ckpt, wins))
+    doc.update(verdicts(doc), uptime_after=uptime())
     report(doc)
     if a.json:
         bl.write_json(a.json, doc)
     return 0
+
+
+def text_tokens(ckpt: Path) -> list[int]:
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(ckpt)(text_of(TEXT),
+                                               add_special_tokens=False)["input_ids"]
+
+
+def measure(a, tmp: Path, gguf: Path, ckpt: Path, wins: list[list[int]]) -> dict:
+    """The three scorers in turn, each with the machine to itself, and greedy agreement."""
+    from scripts.benchmarks import _quality_hf as hf
+    prompts = chat_prompts(ckpt)
+    eog = None if a.no_llamacpp else _eog(gguf)
+    seconds = {}
+    t0 = time.monotonic()
+    engine, gen = run_engine(a.model, tmp, wins, a.ctx, [] if eog is None else prompts,
+                             eog or [])
+    seconds["engine"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    ref = hf.score(ckpt, wins, a.ctx)
+    seconds["transformers"] = time.monotonic() - t0
+    ppl = qp.perplexity(engine)
+    out = {"tokens": ppl.tokens, "ppl_engine": ppl.ppl,
+           "ppl_transformers": qp.perplexity(ref).ppl, "ppl_llamacpp": None, "greedy": None,
+           "seconds": seconds}
+    if eog is not None:
+        _llamacpp(out, gguf, wins, a.ctx, prompts, gen, eog, tmp, seconds, a.llamacpp_threads)
+    return out
+
+
+def verdicts(doc: dict) -> dict:
+    vs_t = qp.relative_diff(doc["ppl_engine"], doc["ppl_transformers"])
+    vs_l = qp.relative_diff(doc["ppl_llamacpp"], doc["ppl_engine"])
+    return {"engine_vs_transformers": vs_t, "llamacpp_vs_engine": vs_l,
+            "goals": {"transformers_within_0.1pct": vs_t <= GOALS["transformers"],
+                      "llamacpp_within_1pct": None if vs_l is None
+                      else vs_l <= GOALS["llamacpp"]}}
 
 
 def _eog(gguf: Path) -> list[int]:
