@@ -44,8 +44,10 @@ class PrefixHooks(Protocol):
     """Optional extras of a BlockSpace that caches prefixes (core/prefix_cache.py); the
     scheduler uses them when its BlockSpace has them all (docs/DESIGN.md#prefix-cache)."""
 
-    def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0) -> Allocation:
-        """As BlockSpace.allocate; `priority` ranks id's blocks for eviction once unused."""
+    def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0,
+                 lookup: bool = True) -> Allocation:
+        """As BlockSpace.allocate; `priority` ranks id's blocks for eviction once unused;
+        lookup=False takes no cached blocks (a request that must compute every position)."""
         ...
 
     def cached_prefix(self, tokens: Sequence[int]) -> int:

@@ -16,7 +16,8 @@ import msgpack
 from core.batch import build_batch, sampled_ids
 from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.kept_tables import KeptTables
-from core.logrecords import FORMAT, StepRecord
+from core.logrecords import FORMAT, PromptLogprobsRecord, StepRecord
+from core.prompt_logprobs import PromptLogprobs
 from core.request_metrics import RequestClock
 from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
@@ -43,6 +44,10 @@ def check_ranges(req: Request, sampling: SamplingParams) -> None:
         raise InvalidRequest(f"top_k must be in [0, 2**31), got {k!r}", "top_k")
     if s is not None and (not isinstance(s, int) or not 0 <= s <= SEED_MASK):
         raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}", "seed")
+    n = sampling.prompt_logprobs
+    if n is not None and (not isinstance(n, int) or not 0 <= n <= INT32_MAX):
+        raise InvalidRequest(f"prompt_logprobs must be in [0, 2**31), got {n!r}",
+                             "prompt_logprobs")
 
 
 def derive_seed(engine_seed: int, seq_id: int) -> int:
@@ -93,6 +98,7 @@ class NullLog:
                     user=None, arrival_time=None): pass
     def input(self, step, kind, seq_id): pass
     def step(self, record: StepRecord): pass
+    def prompt_logprobs(self, record: PromptLogprobsRecord): pass
     def finish(self, seq_id, step, reason, output_tokens): pass
     def flush(self): pass
     def close(self): pass
@@ -139,6 +145,9 @@ class Engine:
         self._stop_ids: dict[int, frozenset[int]] = {}
         self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
         self.extras: Extras | None = None               # the last committed step's logprobs
+        self.prompt_lp = PromptLogprobs()
+        self._spans: list = []                          # the planned step's prompt positions
+        self.prompt_out: list = []   # the last committed step's prompt logprobs (deliveries)
 
     def busy(self) -> bool:
         """Some request is unfinished (or, overlapped, a step is in flight)."""
@@ -157,7 +166,11 @@ class Engine:
         wall clock when the core received it (read mid-step, it is added after the step)."""
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
+        if sampling.prompt_logprobs is not None:   # a cached prefix has no logits to give
+            req = replace(req, cache_hits=False)
         seq_id = self.sched.add(req)
+        if sampling.prompt_logprobs is not None:
+            self.prompt_lp.add(seq_id, sampling.prompt_logprobs, len(req.prompt))
         if sampling.temperature > 0 and sampling.seed is None:
             sampling = replace(sampling, seed=derive_seed(self.seed, seq_id))
         step = self.step_no
@@ -215,10 +228,14 @@ class Engine:
         self.last_schedule = out
         self.last_hits = list(self.sched.last_hits)
         self._clock(out, step)
+        self._spans = self.prompt_lp.spans(out, len(out.decode))
         if not build:
             return None
-        return build_batch(step, out, self.sched, self._sampling, self._stop_ids,
-                           self._tables)
+        batch = build_batch(step, out, self.sched, self._sampling, self._stop_ids,
+                            self._tables)
+        if self._spans:
+            self.prompt_lp.fill(batch, self._spans, self.sched.tokens)
+        return batch
 
     def commit(self, tokens, result=None) -> list:
         """Apply the worker's tokens for the planned step; returns the scheduler's events.
@@ -236,6 +253,7 @@ class Engine:
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
         self.extras = (_extras(ids, result, self._sampling)
                        if result is not None and len(result.logprobs) else None)
+        self.prompt_out = self._deliver(self._spans, None if abandoned else result)
         outputs, outs = self._outputs(ids, tokens)
         events = self.sched.on_step(outputs)
         if abandoned:
@@ -274,7 +292,18 @@ class Engine:
             n += 1
         return done
 
+    def take_prompt_logprobs(self) -> list:
+        """The last committed step's prompt logprobs, once: [[seq_id, first position,
+        entries], ...] (core/prompt_logprobs.py)."""
+        out, self.prompt_out = self.prompt_out, []
+        return out
+
     # ---- internals
+
+    def _deliver(self, spans: list, result) -> list:
+        if not spans or result is None or not hasattr(result, "prompt_logprobs"):
+            return []
+        return self.prompt_lp.deliver(spans, result)
 
     def _forget_cache(self) -> None:
         """An abandoned step advanced its chunks' positions without writing their K/V: no
@@ -308,6 +337,8 @@ class Engine:
         if summary is not None:   # the cache's state too (absent without one: old hashes hold)
             snapshot = (*snapshot, summary())
         self.last_hash = state_hash(self.last_hash, snapshot, doc, outs)
+        for seq_id, first, entries in self.prompt_out:   # committed with the step
+            self.log.prompt_logprobs(PromptLogprobsRecord(step, seq_id, first, entries))
         st = self.sched.stats()
         ms = (time.perf_counter() - t0) * 1e3
         self.step_ms_total += ms
@@ -318,6 +349,7 @@ class Engine:
     def _pop(self, seq_id: int) -> _Live | None:
         self._sampling.pop(seq_id, None)
         self._stop_ids.pop(seq_id, None)
+        self.prompt_lp.drop(seq_id)
         return self.live.pop(seq_id, None)
 
     def _outputs(self, ids, tokens) -> tuple[list[StepOutput], list]:

@@ -70,6 +70,21 @@ class InputRecord:
     request_id: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class PromptLogprobsRecord:
+    """Prompt logprobs step `step` delivered to request request_id (its seq_id): its prompt
+    positions first, first + 1, ..., each entry [logprob, rank, [[token id, logprob], ...]]
+    (docs/DESIGN.md, "Prompt logprobs"). Logs made before prompt logprobs existed lack this
+    table; readers take its absence for none."""
+    table: ClassVar[str] = "prompt_logprobs"
+    key: ClassVar[tuple] = ("step", "request_id")
+
+    step: int
+    request_id: int
+    first: int
+    entries: list = json_column()
+
+
 @dataclass(slots=True)
 class Gap:
     """Steps first_step..last_step, and the inputs and finishes queued with them, were

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from core.logrecords import Gap, InputRecord, StepRecord, insert_sql, values
+from core.logrecords import (Gap, InputRecord, PromptLogprobsRecord, StepRecord, insert_sql,
+                             values)
 
 
 def write_batch(conn: sqlite3.Connection, batch: list[tuple]) -> None:
@@ -52,4 +53,5 @@ def _insert(cls):
 
 
 _WRITERS = {"req": _write_request, "in": _insert(InputRecord), "fin": _write_finish,
-            "step": _insert(StepRecord), "gap": _insert(Gap)}
+            "step": _insert(StepRecord), "gap": _insert(Gap),
+            "plp": _insert(PromptLogprobsRecord)}

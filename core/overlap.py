@@ -31,6 +31,7 @@ class InFlight:
     t0: float                # when it was planned (its log row's duration runs from there)
     ids: list[int]           # its sample rows' requests, in the worker's token order
     hits: list               # its admissions' prefix-cache hits, for its log row
+    spans: list              # its prompt-logprob positions (core/prompt_logprobs.py)
 
 
 class OverlapEngine(Engine):
@@ -57,14 +58,14 @@ class OverlapEngine(Engine):
         (its events, none of them tokens); else it is in flight and settles later."""
         out, step, t0 = self._planned
         if not out.decode and not out.prefill:   # no rows, so no events: the settled
-            kept = self.extras, self.finished_metrics   # step's logprobs and figures stay
-            events = self.commit([])
-            self.extras, self.finished_metrics = kept
+            kept = self.extras, self.finished_metrics, self.prompt_out   # the settled
+            events = self.commit([])                    # step's logprobs and figures stay
+            self.extras, self.finished_metrics, self.prompt_out = kept
             return events
         self._planned = None
         ids = sampled_ids(out)
         self.sched.on_step_ahead(ids)
-        self.inflight = InFlight(out, step, t0, ids, self.last_hits)
+        self.inflight = InFlight(out, step, t0, ids, self.last_hits, self._spans)
         return []
 
     def abandon(self) -> None:
@@ -90,12 +91,13 @@ class OverlapEngine(Engine):
         if tokens is None:
             self.sched.rollback(f.step)
             self._forget_cache()
-            events, self.extras = [], None
+            events, self.extras, self.prompt_out = [], None, []
         else:
             if len(ids) != len(tokens):
                 raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
             self.extras = (_extras(ids, result, self._sampling)
                            if result is not None and len(result.logprobs) else None)
+            self.prompt_out = self._deliver(f.spans, result)
             outputs, outs = self._outputs(ids, tokens)
             events = self.sched.settle(f.step, outputs)
         self._record(f.step, f.out, outs, f.t0, f.hits)
@@ -110,6 +112,7 @@ class OverlapEngine(Engine):
         for logprobs, whose count lays out the result's alternatives."""
         self._gone.append(seq_id)
         self._stop_ids.pop(seq_id, None)
+        self.prompt_lp.drop(seq_id)
         return self.live.pop(seq_id, None)
 
     # ---- offline: the in-process runner runs a step when the next one was planned

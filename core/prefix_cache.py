@@ -67,12 +67,14 @@ class PrefixCacheBlocks:
         """The free blocks that hold a reusable prefix (evictable)."""
         return len(self._handle)
 
-    def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0) -> Allocation:
+    def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0,
+                 lookup: bool = True) -> Allocation:
         """The longest cached prefix of full blocks, capped before the last token (whose K/V
-        must go to a block id owns alone), plus fresh blocks; all or nothing."""
+        must go to a block id owns alone), plus fresh blocks; all or nothing. lookup=False:
+        fresh blocks only (they are still cached for others as they are computed)."""
         if id in self._tables:
             raise ValueError(f"request {id!r} already holds blocks")
-        hits, parent = self._lookup(tokens)
+        hits, parent = self._lookup(tokens) if lookup else ([], _ROOT)
         fresh = -(-len(tokens) // self._B) - len(hits)
         revived = sum(b in self._handle for b in hits)
         if fresh > self.free_blocks() - revived:
@@ -83,7 +85,7 @@ class PrefixCacheBlocks:
         self._done[id] = (len(hits), parent)
         self._req_prio[id] = priority
         B = self._B
-        self.prefix_query_tokens += len(tokens)
+        self.prefix_query_tokens += len(tokens) if lookup else 0
         self.prefix_hit_tokens += len(hits) * B
         self.prefix_recompute_hit_tokens += B * sum(self._owner[b] == id for b in hits)
         return Allocation(len(hits) * B)

@@ -19,6 +19,7 @@ from core.frontend_watch import FrontendWatch
 from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreStats, Hello,
                            I32, JoinRefused, ProtocolError, Rejected, StatsQuery, StepEvents,
                            StepResult, StopRequest, WorkerReady)
+from core.prompt_logprobs import parts
 from core.steplog import StepLog
 from core.worker_link import WorkerDied, WorkerLink, WorkerLost
 from core.sched import AdmitError, Finished, NeverFits, QueueFull, Request, TokenEvent
@@ -311,6 +312,8 @@ class CoreLoop:
         fids, tokens, finished = I32(), I32(), []
         extras, lps, tops = self.engine.extras, F64(), []
         figures = self.engine.finished_metrics
+        for part in self._prompt_logprobs():   # ahead of the tokens, whose delta takes them
+            self.send(StepEvents(fids=I32(), tokens=I32(), finished=[], prompt_logprobs=part))
         for ev in events:
             fid = self.fid_of.get(ev.id)
             if fid is None:
@@ -328,6 +331,16 @@ class CoreLoop:
         if fids or finished:
             self.send(StepEvents(fids=fids, tokens=tokens, finished=finished, logprobs=lps,
                                  top_logprobs=tops))
+
+    def _prompt_logprobs(self) -> list[list]:
+        """The step's prompt logprobs by fid (read before the step's finishes forget
+        their fids), in messages of bounded size (core/prompt_logprobs.py, `parts`)."""
+        out = []
+        for seq_id, first, entries in self.engine.take_prompt_logprobs():
+            fid = self.fid_of.get(seq_id)
+            if fid is not None:
+                out.append([fid, first, entries])
+        return parts(out)
 
     def stats(self) -> dict:
         st = self.engine.sched.stats()

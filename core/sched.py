@@ -33,7 +33,7 @@ __all__ = [
 
 class _Req:
     __slots__ = ("id", "tokens", "n", "c", "prompt_len", "max_tokens", "key", "arrival",
-                 "limit", "rank", "handle", "running", "sample_at", "ahead")
+                 "limit", "rank", "handle", "running", "sample_at", "ahead", "cache_hits")
 
     def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
                  key: int, arrival: int):
@@ -51,6 +51,7 @@ class _Req:
         self.running = False
         self.sample_at = -1         # the step whose output may carry this request's token
         self.ahead = -1             # the step whose token is tokens[-1], a placeholder till settled
+        self.cache_hits = True      # admission may skip positions the prefix cache holds
 
 
 _RANK = attrgetter("rank")
@@ -145,6 +146,7 @@ class Scheduler:
         self._next_id += 1
         r = _Req(seq_id, tokens, req.max_tokens, cfg.max_model_len,
                  self._key(req.priority, self._steps), self._steps)
+        r.cache_hits = bool(req.cache_hits)
         self._reqs[seq_id] = r
         r.handle = self._waiting.push(r.rank, r)
         return seq_id
@@ -304,12 +306,17 @@ class Scheduler:
 
     def _cached_prefix(self, r: _Req) -> int:
         """Positions a prefix hit would skip now: the policy sizes only computed tokens."""
-        return 0 if self._prefix is None else self._prefix.cached_prefix(r.tokens)
+        if self._prefix is None or not r.cache_hits:
+            return 0
+        return self._prefix.cached_prefix(r.tokens)
 
     def _allocate(self, r: _Req) -> Allocation:
         if self._prefix is None:
             return self.blocks.allocate(r.id, r.tokens)
-        return self._prefix.allocate(r.id, r.tokens, priority=self._evict_priority(r))
+        if r.cache_hits:
+            return self._prefix.allocate(r.id, r.tokens, priority=self._evict_priority(r))
+        return self._prefix.allocate(r.id, r.tokens, priority=self._evict_priority(r),
+                                     lookup=False)
 
     def _evict_priority(self, r: _Req) -> int:
         """The priority level, not the aged key: with aging the key falls with arrival,

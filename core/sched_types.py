@@ -54,6 +54,7 @@ class Request:
     prompt: list[int]
     max_tokens: int
     priority: int = 0
+    cache_hits: bool = True   # False: admission computes every position (prompt logprobs)
 
 
 class AdmitError(Exception):

@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import sqlite_utils
 
-from core.logrecords import FORMAT, Gap, InputRecord, StepRecord, columns
+from core.logrecords import FORMAT, Gap, InputRecord, PromptLogprobsRecord, StepRecord, columns
 from core.logwriter import CHECKPOINT_S, Writer, say
 
 ON_ERROR = ("stop", "serve")
@@ -39,6 +39,8 @@ SCHEMA = {
 }
 # Logs made before gaps existed lack this table; readers take its absence for no gaps.
 GAPS = (columns(Gap), Gap.key)
+# Logs made before prompt logprobs lack this table; readers take its absence for none.
+PROMPT_LOGPROBS = (columns(PromptLogprobsRecord), PromptLogprobsRecord.key)
 
 
 def create(path: str) -> sqlite_utils.Database:
@@ -49,7 +51,8 @@ def create(path: str) -> sqlite_utils.Database:
     db = sqlite_utils.Database(path)
     db.enable_wal()
     db.execute("PRAGMA synchronous=NORMAL")
-    for name, (columns, pk) in {**SCHEMA, "gaps": GAPS}.items():
+    for name, (columns, pk) in {**SCHEMA, "gaps": GAPS,
+                                "prompt_logprobs": PROMPT_LOGPROBS}.items():
         db[name].create(columns, pk=pk)
     return db
 
@@ -120,6 +123,10 @@ class StepLog:
 
     def finish(self, seq_id, step, reason, output_tokens):
         self._pending.append(("fin", (seq_id, step, reason, list(output_tokens or ()))))
+
+    def prompt_logprobs(self, record: PromptLogprobsRecord) -> None:
+        """Committed with the next step (the one that delivered them)."""
+        self._pending.append(("plp", record))
 
     def step(self, record: StepRecord) -> None:
         self._pending.append(("step", record))

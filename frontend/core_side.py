@@ -117,6 +117,10 @@ class CoreSide:
             st = self._mine(r, rev.fid)
             if st is None:
                 continue  # finished or aborted here already
+            if rev.prompt:
+                st.prompt_scores(rev.prompt)
+                if not rev.tokens and rev.reason is None:
+                    continue   # a prompt chunk's scores: they go with the first delta
             if st.skip:
                 rev = st.skip_rerun(rev)
                 if not rev.tokens and rev.reason is None:

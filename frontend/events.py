@@ -18,6 +18,7 @@ class RequestEvents:
     top: list[list] = field(default_factory=list)
     reason: str | None = None
     figures: dict | None = None
+    prompt: list = field(default_factory=list)   # [[first position, entries], ...]
 
 
 def group_events(ev: StepEvents) -> list[RequestEvents]:
@@ -35,11 +36,23 @@ def group_events(ev: StepEvents) -> list[RequestEvents]:
         if len(ev.logprobs) and ev.logprobs[i] == ev.logprobs[i]:   # NaN: not asked
             r.logprobs.append(ev.logprobs[i])
             r.top.append(ev.top_logprobs[i] or [])
+    for item in ev.prompt_logprobs:
+        fid, first, entries = _prompt(item)
+        r = out.get(fid) or out.setdefault(fid, RequestEvents(fid))
+        r.prompt.append([first, entries])
     for item in ev.finished:
         fid, reason, figures = _finished(item)
         r = out.get(fid) or out.setdefault(fid, RequestEvents(fid))
         r.reason, r.figures = reason, figures
     return list(out.values())
+
+
+def _prompt(item) -> tuple[int, int, list]:
+    """[fid, first position, entries] (entries are passed on as they are)."""
+    if (isinstance(item, list) and len(item) == 3 and type(item[0]) is int
+            and type(item[1]) is int and item[1] >= 1 and isinstance(item[2], list)):
+        return item[0], item[1], item[2]
+    raise ProtocolError(400, f"events: bad prompt_logprobs entry {item!r:.200}")
 
 
 def _finished(item) -> tuple[int, str, dict | None]:

@@ -255,7 +255,8 @@ class Frontend(CoreSide, PromptSide):
         return RequestState(ident, msg.request_id, fid, list(ids),
                             self.tokenizer.decoder(msg.skip_special_tokens),
                             list(msg.stop or ()), stop_ids, msg.include_stop_str_in_output,
-                            msg.min_tokens, msg.max_tokens)
+                            msg.min_tokens, msg.max_tokens,
+                            prompt_logprobs=msg.prompt_logprobs is not None)
 
     def _on_stats(self, ident: bytes) -> None:
         if self.info is None or self.core_dead:

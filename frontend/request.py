@@ -40,6 +40,7 @@ class RequestState:
     max_tokens: int = 0
     replica: int = 0              # the engine replica running it
     add: AddRequest | None = None  # as sent to the core; re-sent if its replica dies
+    prompt_logprobs: bool = False  # it asked for them: they go with the first delta
 
     def __post_init__(self):
         self._detok = Detokenizer(self.decode, self.prompt_ids)
@@ -50,6 +51,8 @@ class RequestState:
         self.skip = 0              # tokens of a re-run the client already has
         self.started = time.monotonic()
         self.first_token_at: float | None = None
+        # position 0 has none; the others fill in as the core scores the prompt's chunks
+        self._prompt_lp = [None] * len(self.prompt_ids) if self.prompt_logprobs else None
 
     @property
     def key(self) -> tuple[bytes, str]:
@@ -63,6 +66,17 @@ class RequestState:
         """Its replica died: a replica recomputes it from the prompt, and the first tokens
         of that run, identical under greedy or a seed, are the ones the client has."""
         self.skip = self._generated
+
+    def prompt_scores(self, parts: list) -> None:
+        """Prompt logprobs from the core ([[first position, entries], ...]): kept by
+        position until the first delta takes them (a re-run's repeats overwrite)."""
+        if self._prompt_lp is None or not self._first:
+            return
+        n = len(self._prompt_lp)
+        for first, entries in parts:
+            for k, e in enumerate(entries):
+                if 1 <= first + k < n:
+                    self._prompt_lp[first + k] = e
 
     def skip_rerun(self, ev: RequestEvents) -> RequestEvents:
         n = min(self.skip, len(ev.tokens))
@@ -114,6 +128,8 @@ class RequestState:
         prompt = self.prompt_ids if self._first else None
         self._first = False
         d = Delta(self.request_id, text, list(ev.tokens), reason, prompt)
+        if prompt is not None and self._prompt_lp is not None:
+            d.prompt_logprobs = self._prompt_lp
         if ev.logprobs:
             d.logprobs, d.top_logprobs = ev.logprobs, ev.top
         if reason is not None:

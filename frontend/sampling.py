@@ -24,4 +24,5 @@ def sampling_of(msg: Generate, seed: int | None = None) -> SamplingParams:
     return SamplingParams(msg.temperature, msg.top_p, msg.top_k,
                           msg.seed if msg.seed is not None else seed, msg.min_p,
                           msg.presence_penalty, msg.frequency_penalty, msg.repetition_penalty,
-                          msg.min_tokens, msg.stop_token_ids, msg.logprobs)
+                          msg.min_tokens, msg.stop_token_ids, msg.logprobs,
+                          msg.prompt_logprobs)

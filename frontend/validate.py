@@ -57,6 +57,8 @@ def check_fields(req, max_model_len: int | None = None, vocab_size: int | None =
 def _processors(req, vocab_size: int | None) -> None:
     if req.logprobs is not None:
         _int_in("logprobs", req.logprobs, 0, MAX_LOGPROBS)
+    if getattr(req, "prompt_logprobs", None) is not None:
+        _int_in("prompt_logprobs", req.prompt_logprobs, 0, MAX_LOGPROBS)
     _real_in("min_p", req.min_p, 0.0, 1.0)
     _real_in("presence_penalty", req.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
     _real_in("frequency_penalty", req.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)

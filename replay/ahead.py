@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from core.batch import fill_ahead
 from core.overlap import ABANDON
-from replay.verify import Divergence, check_hash, check_plan, check_tokens
+from replay.verify import (Divergence, check_hash, check_plan, check_prompt_logprobs,
+                           check_tokens)
 
 
 class Ahead:
-    def __init__(self, engine, log, runner=None):
+    def __init__(self, engine, log, runner=None, prompt: dict | None = None):
         self.engine, self.log, self.runner = engine, log, runner
+        self.prompt = prompt or {}       # the log's prompt logprobs (LogFile.prompt_logprobs)
         self.pending = None              # (row, batch, logged tokens) of the launched step
         self.prev: tuple = (-1, None)    # the last settled step and its tokens
 
@@ -44,11 +46,15 @@ class Ahead:
             return None
         row, batch, logged = self.pending
         self.pending = None
+        result = None
         if batch is not None and logged is not None:
             fill_ahead(batch, *self.prev)   # what the worker filled from its last result
-            div = check_tokens(batch, logged, row, self.runner)
+            div, result = check_tokens(batch, logged, row, self.runner)
             if div is not None:
                 return div
             self.prev = (row.step, logged)
-        self.engine.settle(logged)
-        return check_hash(self.engine, row)
+        self.engine.settle(logged, result)
+        div = None
+        if self.runner is not None:
+            div = check_prompt_logprobs(self.engine, row.step, self.prompt.get(row.step, {}))
+        return div or check_hash(self.engine, row)

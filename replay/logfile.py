@@ -7,13 +7,14 @@ import os
 import sqlite3
 from contextlib import contextmanager
 
-from core.logrecords import READABLE_FORMATS, Gap, InputRecord, StepRecord, select_sql
+from core.logrecords import (READABLE_FORMATS, Gap, InputRecord, PromptLogprobsRecord,
+                             StepRecord, select_sql)
 from core.steplog import GAPS, SCHEMA
 
 # logs made before these columns existed lack them
 OPTIONAL_COLUMNS = {("requests", "user"), ("requests", "arrival_time")}
 from replay.damage import DamagedLog
-from replay.rows import check_meta, gap_message, input_row, request_row, step_row
+from replay.rows import check_meta, gap_message, input_row, prompt_row, request_row, step_row
 
 __all__ = ["DamagedLog", "LogFile", "StepRecord"]
 
@@ -117,6 +118,18 @@ class LogFile:
         with self._reading():
             for row in self.conn.execute(select_sql(StepRecord)):
                 yield step_row(row, self.requests)
+
+    def prompt_logprobs(self) -> dict[int, dict[int, tuple[int, list]]]:
+        """step -> {seq_id: (first position, entries)}; {} for a log from before prompt
+        logprobs (no such table)."""
+        out: dict[int, dict] = {}
+        if PromptLogprobsRecord.table not in self._tables():
+            return out
+        with self._reading():
+            for row in self.conn.execute(select_sql(PromptLogprobsRecord)):
+                r = prompt_row(row, self.requests)
+                out.setdefault(r.step, {})[r.request_id] = (r.first, r.entries)
+        return out
 
     def version_warnings(self) -> list[str]:
         from core.config import package_versions

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import fields
 from operator import itemgetter
 
-from core.logrecords import StepRecord, is_json
+from core.logrecords import PromptLogprobsRecord, StepRecord, is_json
 from core.sched import SchedPolicy, SchedulerConfig
 from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
                            optional, parsed, rows, text)
@@ -17,7 +17,8 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
             "min_p": number, "presence_penalty": number, "frequency_penalty": number,
             "repetition_penalty": number, "min_tokens": lambda v, w: integer(v, w, 0),
             "stop_token_ids": lambda v, w: optional(int_list, v, w, 0),
-            "logprobs": lambda v, w: optional(integer, v, w, 0)}
+            "logprobs": lambda v, w: optional(integer, v, w, 0),
+            "prompt_logprobs": lambda v, w: optional(integer, v, w, 0)}
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
@@ -119,6 +120,31 @@ def step_row(row: tuple, requests: dict) -> StepRecord:
     for name, read in _STEP_SCALARS:
         read(v[name], f"{w} {name}")
     return StepRecord(**v)
+
+
+def prompt_row(row: tuple, requests: dict) -> PromptLogprobsRecord:
+    """A prompt_logprobs row: [logprob, rank, [[token id, logprob], ...]] per position."""
+    step, seq_id, first, doc = row
+    step = integer(step, "a prompt_logprobs step", 0)
+    w = f"prompt logprobs of step {step}:"
+    if seq_id not in requests:
+        raise DamagedLog(f"{w} names request {_name(seq_id)}, which the requests table lacks")
+    first = integer(first, f"{w} first", 1)
+    entries = parsed(doc, f"{w} entries")
+    if type(entries) is not list:
+        raise DamagedLog(f"{w} entries is not a list")
+    for k, e in enumerate(entries):
+        where = f"{w} position {first + k}"
+        if type(e) is not list or len(e) != 3:
+            raise DamagedLog(f"{where} is not [logprob, rank, alternatives]")
+        number(e[0], f"{where} logprob")
+        integer(e[1], f"{where} rank", 1)
+        for alt in e[2] if type(e[2]) is list else [None]:
+            if type(alt) is not list or len(alt) != 2:
+                raise DamagedLog(f"{where} alternatives hold {alt!r:.60}, not [id, logprob]")
+            integer(alt[0], f"{where} alternative id", 0)
+            number(alt[1], f"{where} alternative logprob")
+    return PromptLogprobsRecord(step, seq_id, first, entries)
 
 
 def _schedule(doc, where: str) -> dict:

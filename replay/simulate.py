@@ -91,7 +91,8 @@ def simulate(sched: Scheduler, reqs: list[TraceRequest], timer,
             r = queue[i]
             i += 1
             try:
-                req_of[sched.add(Request(list(r.prompt), len(r.output), r.priority))] = r
+                req_of[sched.add(Request(list(r.prompt), len(r.output), r.priority,
+                                         r.cache_hits))] = r
             except AdmitError as e:
                 out.refused.append((r.id, str(e)))
         if not sched.has_unfinished():

@@ -11,7 +11,7 @@ priority), one request a row, arrival in seconds from the trace's start.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.sched_types import MAX_PRIORITY
 from replay.logfile import LogFile
@@ -31,6 +31,7 @@ class TraceRequest:
     prompt: tuple[int, ...]
     output: tuple[int, ...]  # the tokens it generates; its length is the request's length
     priority: int = 0
+    cache_hits: bool = True  # False: it asked for prompt logprobs (docs/DESIGN.md, "Prompt logprobs")
 
 
 def from_log(log: LogFile, rec: Recorded) -> list[TraceRequest]:
@@ -39,7 +40,8 @@ def from_log(log: LogFile, rec: Recorded) -> list[TraceRequest]:
         tokens = rec.tokens.get(seq_id)
         if tokens and seq_id in rec.arrivals:
             out.append(TraceRequest(seq_id, rec.arrivals[seq_id], tuple(r["prompt_tokens"]),
-                                    tuple(tokens), r["priority"]))
+                                    tuple(tokens), r["priority"],
+                                    r["sampling"].get("prompt_logprobs") is None))
     if not out:
         raise TraceError(f"{log.path}: no request generated a token; there is no traffic to"
                          " simulate")
@@ -51,8 +53,7 @@ def scaled(reqs: list[TraceRequest], load: float) -> list[TraceRequest]:
     if not load > 0:
         raise TraceError(f"--load must be > 0, got {load}")
     t0 = min(r.arrival_s for r in reqs)
-    return [TraceRequest(r.id, t0 + (r.arrival_s - t0) / load, r.prompt, r.output, r.priority)
-            for r in reqs]
+    return [replace(r, arrival_s=t0 + (r.arrival_s - t0) / load) for r in reqs]
 
 
 def write_csv(reqs: list[TraceRequest], path: str) -> None:

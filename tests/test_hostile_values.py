@@ -48,14 +48,16 @@ EXTREME_STOPS = [None, [], [""], ["s" * 257], ["s"] * 17, ["a"] * 10_000, ["x" *
 EXTREMES = {"request_id": EXTREME_STRINGS, "prompt": EXTREME_PROMPTS,
             "max_tokens": EXTREME_INTS, "temperature": EXTREME_FLOATS,
             "top_p": EXTREME_FLOATS, "top_k": EXTREME_INTS, "seed": [None, *EXTREME_INTS],
-            "stop": EXTREME_STOPS, "priority": EXTREME_INTS, "ignore_eos": [True, False]}
+            "stop": EXTREME_STOPS, "priority": EXTREME_INTS, "ignore_eos": [True, False],
+            "prompt_logprobs": [None, *EXTREME_INTS]}
 ORDINARY = {"request_id": st.text(min_size=1, max_size=20), "prompt": st.text(max_size=20)
             | st.lists(st.integers(-2 ** 63, 2 ** 64 - 1), max_size=8),
             "max_tokens": st.integers(-2 ** 63, 2 ** 64 - 1), "temperature": st.floats(),
             "top_p": st.floats(), "top_k": st.integers(-2 ** 63, 2 ** 64 - 1),
             "seed": st.none() | st.integers(-2 ** 63, 2 ** 64 - 1),
             "stop": st.none() | st.lists(st.text(max_size=8), max_size=4),
-            "priority": st.integers(-2 ** 63, 2 ** 64 - 1), "ignore_eos": st.booleans()}
+            "priority": st.integers(-2 ** 63, 2 ** 64 - 1), "ignore_eos": st.booleans(),
+            "prompt_logprobs": st.none() | st.integers(-2 ** 63, 2 ** 64 - 1)}
 # Two thirds extremes, one third ordinary values: the sweeps below try every extreme
 # alone, hypothesis tries them together.
 FIELDS = {k: st.sampled_from(v) | st.sampled_from(v) | ORDINARY[k] for k, v in EXTREMES.items()}
@@ -166,7 +168,7 @@ MESSAGES = [[{"role": "user", "content": "x" * HUGE}], [{"role": "user", "conten
             [{"role": "user", "content": NESTED}], "hi", None]
 CHAT_EXTREMES = {"messages": MESSAGES, "max_completion_tokens": JSON_EXTREMES}
 OTHERS = {k: st.sampled_from(JSON_EXTREMES) for k in ("model", "user", "logprobs", "best_of",
-                                                      "echo", "suffix")}
+                                                      "echo", "suffix", "prompt_logprobs")}
 HTTP_FIELDS = {**{k: st.sampled_from(v) for k, v in HTTP_EXTREMES.items()}, **OTHERS}
 CHAT_FIELDS = {**HTTP_FIELDS, **{k: st.sampled_from(v) for k, v in CHAT_EXTREMES.items()}}
 PRIORITY_HEADERS = [None, "1000", "-1000", "1001", "99999999999999999999", "1e3", " 5 ", "",

@@ -49,7 +49,7 @@ def chat(oai, **kw):
 
 REFUSED_COMPLETION = [
     ("best_of", {"best_of": 2}), ("logit_bias", {"logit_bias": {"5": 1}}),
-    ("suffix", {"suffix": "end"}), ("echo", {"echo": True, "logprobs": 1}),
+    ("suffix", {"suffix": "end"}), ("prompt_logprobs", {"extra_body": {"prompt_logprobs": 21}}),
     ("tempreature", {"extra_body": {"tempreature": 0.5}}),
     ("top_logprobs", {"extra_body": {"top_logprobs": 2}}),
     ("messages", {"extra_body": {"messages": MESSAGES}}),

@@ -165,7 +165,14 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
      "logprobs"),
     ("/v1/completions", {"prompt": ["x"] * 8, "logprobs": 20, "max_tokens": 1000},
      "logprobs"),
-], ids=["chat without max_tokens", "chat n=16", "completions", "a batch of prompts"])
+    # prompt logprobs: token ids count their length (8 x 1000 x 21), a text max_model_len - 1
+    ("/v1/completions", {"prompt": [[1] * 1000] * 8, "prompt_logprobs": 20, "max_tokens": 1},
+     "prompt_logprobs"),
+    ("/v1/completions", {"prompt": ["x"] * 9, "echo": True, "logprobs": 0, "max_tokens": 0},
+     "prompt"),
+    ("/v1/chat/completions", {**CHAT, "n": 9, "prompt_logprobs": 0, "max_tokens": 1}, "n"),
+], ids=["chat without max_tokens", "chat n=16", "completions", "a batch of prompts",
+        "prompt_logprobs of token ids", "echo of texts", "chat prompt_logprobs n=9"])
 def test_a_reply_past_the_logprobs_bound_is_400_naming_the_param(path, body, param):
     status, reply = post_local(path, body, max_model_len=16384)
     assert status == 400, reply
@@ -179,7 +186,11 @@ def test_replies_up_to_the_bound_pass():
             ("/v1/chat/completions", {**CHAT, "n": 16, "logprobs": True, "top_logprobs": 20,
                                       "max_tokens": most}),
             ("/v1/chat/completions", {**CHAT, "n": 16}),   # no logprobs: text only
-            ("/v1/completions", {"prompt": "x", "logprobs": 20, "max_tokens": 2048})]:
+            ("/v1/completions", {"prompt": "x", "logprobs": 20, "max_tokens": 2048}),
+            ("/v1/completions", {"prompt": [[1] * 1000] * 6, "prompt_logprobs": 20,
+                                 "max_tokens": 1}),
+            ("/v1/completions", {"prompt": ["x"] * 3, "echo": True, "logprobs": 20,
+                                 "max_tokens": 0})]:
         status, reply = post_local(path, body)
         assert status == 200, (body, reply)
 

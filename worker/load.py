@@ -93,6 +93,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     if batch_invariant is None:
         from worker.invariant import supported
         batch_invariant = supported(hf, cache, tp)
+    if checkpoint["format"] == "gguf" and model not in REGISTRY:
+        model = checkpoint["path"]   # absolute: replay finds the file from anywhere
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path), tp=tp,

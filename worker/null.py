@@ -40,13 +40,28 @@ class NullRunner:
         logprob 0.0 and its k alternatives are the chosen token at 0.0, then ids 0, 1, ...
         (skipping it) at -inf, the real runner's order for such logits."""
         tokens = self.execute(batch)
+        out = self._prompt(batch)
+        out.tokens = tokens
         if len(batch.logprobs) == 0:
-            return StepResult(step=batch.step, tokens=tokens)
+            return out
         top = [self._top(t, k) for t, k in zip(tokens, batch.logprobs)]
-        return StepResult(step=batch.step, tokens=tokens,
-                          logprobs=F64(0.0 if k >= 0 else math.nan for k in batch.logprobs),
-                          top_ids=I32(i for row in top for i, _ in row),
-                          top_logprobs=F64(lp for row in top for _, lp in row))
+        out.logprobs = F64(0.0 if k >= 0 else math.nan for k in batch.logprobs)
+        out.top_ids = I32(i for row in top for i, _ in row)
+        out.top_logprobs = F64(lp for row in top for _, lp in row)
+        return out
+
+    def _prompt(self, batch: ForwardBatch) -> StepResult:
+        """Prompt logprobs of the same one-hot model: 0.0 (rank 1) for a prompt token the
+        model would have chosen there, else -inf (rank 2)."""
+        ids, pos, vocab = batch.input_ids, batch.positions, self.info.vocab_size
+        chosen = [null_token(ids[q], pos[q], vocab) for q in batch.prompt_rows]
+        hit = [c == t for c, t in zip(chosen, batch.prompt_targets)]
+        top = [self._top(c, k) for c, k in zip(chosen, batch.prompt_top)]
+        return StepResult(step=batch.step, tokens=I32(),
+                          prompt_logprobs=F64(0.0 if h else -math.inf for h in hit),
+                          prompt_ranks=I32(1 if h else 2 for h in hit),
+                          prompt_top_ids=I32(i for row in top for i, _ in row),
+                          prompt_top_logprobs=F64(lp for row in top for _, lp in row))
 
     def _top(self, token: int, k: int) -> list[tuple[int, float]]:
         others = islice((i for i in range(self.info.vocab_size) if i != token), max(k - 1, 0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
-from worker import archs, graph, invariant, native, packed
+from worker import archs, graph, invariant, native, packed, prompt_scores
 from worker.attention import KWARG
 from worker.handmade import Part, make_batch
 from worker.sampler import sample_step
@@ -44,7 +44,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch) -> torch.Tensor:
-        """[num_sample_rows, vocab] logits of the sampled rows, in sample_rows order."""
+        """[num_sample_rows + len(prompt_rows), vocab] logits of the sampled rows, in
+        sample_rows order, then those of the prompt-logprob rows."""
+        prompt_scores.check(batch, self.info.vocab_size)   # on every rank, before a collective
         if batch.num_tokens == 0:
             return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
         s = build_step(batch, self.kv, self.native, self.windows, self.per_row)
@@ -62,11 +64,17 @@ class ModelRunner:
     def run(self, batch: ForwardBatch) -> StepResult:
         """One token per sample row, in sample_rows order, and the logprobs asked for."""
         logits = self.logits(batch)
-        if logits.shape[0] == 0:
-            return StepResult(step=batch.step, tokens=I32())
-        tokens, lp = sample_step(logits, batch)
-        return StepResult(step=batch.step, tokens=I32(tokens.to(torch.int32).numpy().tobytes()),
-                          logprobs=lp.chosen, top_ids=lp.top_ids, top_logprobs=lp.top_logprobs)
+        rows = len(batch.sample_rows)
+        ps = prompt_scores.score(logits[rows:], batch)
+        out = StepResult(step=batch.step, tokens=I32(), prompt_logprobs=ps.logprobs,
+                         prompt_ranks=ps.ranks, prompt_top_ids=ps.top_ids,
+                         prompt_top_logprobs=ps.top_logprobs)
+        if rows == 0:
+            return out
+        tokens, lp = sample_step(logits[:rows], batch)
+        out.tokens = I32(tokens.to(torch.int32).numpy().tobytes())
+        out.logprobs, out.top_ids, out.top_logprobs = lp.chosen, lp.top_ids, lp.top_logprobs
+        return out
 
     def execute(self, batch: ForwardBatch) -> I32:
         """run()'s tokens."""

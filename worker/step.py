@@ -14,7 +14,8 @@ from worker.attention import DecodeGroup, NativeDecode, PagedStep, PrefillSpan
 class StepInputs:
     input_ids: torch.Tensor    # [1, T] long
     positions: torch.Tensor    # [1, T] long
-    keep: torch.Tensor         # [R] long: the token index whose logits each sample row uses
+    keep: torch.Tensor         # [R + P] long: the token index whose logits each sample row
+                               # uses, then each prompt-logprob row's (batch.prompt_rows)
     paged: PagedStep
 
 
@@ -64,7 +65,7 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False,
     longest = int(ctx.max()) if len(ctx) else 0
     # a window at least as long as every context in the step cuts nothing
     cut = {w: masks(w) if longest > w else (groups, spans) for w in windows}
-    keep = qs[1:][_long(batch.sample_rows)] - 1
+    keep = _keep(batch, qs)
     paged = PagedStep(kv=kv, slot_mapping=slots.to(device), num_decode=nd,
                       decode_groups=groups, spans=spans,
                       native=NativeDecode(tables[:nd].contiguous(), ctx[:nd].contiguous())
@@ -86,7 +87,19 @@ def _per_row(batch: ForwardBatch, kv: torch.Tensor, slots, tables, ctx, qlen,
     paged = PagedStep(kv=kv, slot_mapping=slots, num_decode=len(slots), decode_groups=[],
                       spans=[], native=NativeDecode(tables[seq].contiguous(), pos + 1))
     return StepInputs(input_ids=_long(batch.input_ids).view(1, -1), positions=pos.view(1, -1),
-                      keep=qs[1:][_long(batch.sample_rows)] - 1, paged=paged)
+                      keep=_keep(batch, qs), paged=paged)
+
+
+def _keep(batch: ForwardBatch, qs: torch.Tensor) -> torch.Tensor:
+    """The last query token of each sample row, then the prompt-logprob rows (zero cost
+    for a batch without them: that column is empty)."""
+    keep = qs[1:][_long(batch.sample_rows)] - 1
+    if len(batch.prompt_rows) == 0:
+        return keep
+    rows = _long(batch.prompt_rows)
+    if int(rows.min()) < 0 or int(rows.max()) >= batch.num_tokens:
+        raise ValueError("prompt_rows point outside the step's tokens")
+    return torch.cat([keep, rows])
 
 
 def _check_tables(tables: torch.Tensor, ctx: torch.Tensor, num_blocks: int,

@@ -30,6 +30,7 @@ class SamplingParams:
     min_tokens: int = 0                    # EOS and stop_token_ids are banned before this
     stop_token_ids: list[int] | None = None
     logprobs: int | None = None            # None: none; k: the chosen token's and top k
+    prompt_logprobs: int | None = None     # None: none; k: each prompt token's and top k
 
     @property
     def penalized(self) -> bool:
@@ -83,6 +84,7 @@ class Generate:
     # True: prompt + max_tokens over max_model_len is a 400 (naming max_tokens); False:
     # the request ends "length" at the context
     max_tokens_must_fit: bool = False
+    prompt_logprobs: int | None = None     # each prompt token's logprob and the top k
 
 
 @message("abort")
@@ -110,6 +112,9 @@ class Delta:
     logprobs: list[float] | None = None    # one per token_ids entry, when asked
     top_logprobs: list[Any] | None = None  # per token: [[token id, logprob], ...]
     metrics: dict | None = None            # on the last delta (docs/DESIGN.md#request-metrics)
+    # first delta, when asked: None for position 0, then per prompt position p
+    # [logprob, rank, [[token id, logprob], ...]] (docs/DESIGN.md, "Prompt logprobs")
+    prompt_logprobs: list[Any] | None = None
 
 
 @message("error")
@@ -191,6 +196,8 @@ class StepEvents:
     finished: list[list[Any]]     # [[fid, reason, metrics], ...], reason "stop" | "length" | "abort"
     logprobs: F64 = field(default_factory=F64)          # empty, or one per token (NaN: not asked)
     top_logprobs: list[Any] = field(default_factory=list)  # empty, or per token None | [[id, lp], ...]
+    # [[fid, first prompt position, [[logprob, rank, [[id, lp], ...]], ...]], ...]
+    prompt_logprobs: list[Any] = field(default_factory=list)
 
 
 @message("core_stats")
@@ -247,6 +254,10 @@ class ForwardBatch:
     empty range); banned token ids banned[banned_start[j]:banned_start[j+1]] (min_tokens);
     logprobs[j] = -1 (none) or k (the chosen token's log-probability and the top k).
 
+    Prompt logprobs (docs/DESIGN.md, "Prompt logprobs"), empty unless a sequence asks:
+    query token prompt_rows[m] scores the prompt token prompt_targets[m] (the one after it)
+    and returns its prompt_top[m] best alternatives.
+
     Overlapped scheduling (docs/DESIGN.md, "Overlapped scheduling"): a negative entry
     -1 - j of input_ids or history stands for the token sampled by row j of step
     `prev_step`, which the worker fills in from its own last StepResult before the forward.
@@ -277,6 +288,9 @@ class ForwardBatch:
     banned_start: I32 = field(default_factory=I32)
     logprobs: I32 = field(default_factory=I32)
     prev_step: int = -1
+    prompt_rows: I32 = field(default_factory=I32)
+    prompt_targets: I32 = field(default_factory=I32)
+    prompt_top: I32 = field(default_factory=I32)
 
     @property
     def num_seqs(self) -> int:
@@ -292,12 +306,19 @@ class StepResult:
     """tokens: one per sample row, in sample_rows order. When the batch asked for logprobs:
     logprobs has one per sample row (NaN where the row did not ask), and the top
     alternatives of each asking row (k = batch.logprobs[j] of them, rows in order) are
-    flattened into top_ids / top_logprobs."""
+    flattened into top_ids / top_logprobs.
+
+    Prompt logprobs, one per batch.prompt_rows entry: the target's logprob and rank (1 =
+    best), and each row's prompt_top[m] best alternatives flattened in row order."""
     step: int
     tokens: I32
     logprobs: F64 = field(default_factory=F64)
     top_ids: I32 = field(default_factory=I32)
     top_logprobs: F64 = field(default_factory=F64)
+    prompt_logprobs: F64 = field(default_factory=F64)
+    prompt_ranks: I32 = field(default_factory=I32)
+    prompt_top_ids: I32 = field(default_factory=I32)
+    prompt_top_logprobs: F64 = field(default_factory=F64)
 
 
 @message("worker_ready")

@@ -38,12 +38,17 @@ class Result:
     top_logprobs: list[dict[int, float]] | None = None
     metrics: dict | None = None                    # on a finished request (docs/DESIGN.md#request-metrics)
     cached_tokens: int = 0                         # prompt tokens the prefix cache served
+    # with prompt_logprobs=N: None, then per prompt position {token id: logprob} holding
+    # the prompt's token and the top N (vLLM's shape, without Logprob objects)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     def add(self, d: Delta) -> None:
         self.text += d.text
         self.token_ids.extend(d.token_ids)
         if d.prompt_token_ids is not None:
             self.prompt_token_ids = list(d.prompt_token_ids)
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_dicts(d)
         if d.logprobs is not None:
             self.logprobs = (self.logprobs or []) + list(d.logprobs)
             self.top_logprobs = (self.top_logprobs or []) + top_dicts(d)
@@ -60,12 +65,26 @@ def top_dicts(d: Delta) -> list[dict[int, float]]:
     return [{int(t): float(lp) for t, lp in pairs or ()} for pairs in d.top_logprobs or ()]
 
 
+def prompt_dicts(d: Delta) -> list[dict[int, float] | None]:
+    """The delta's prompt logprobs as {token id: logprob} per position (None at position
+    0): the prompt's own token first, then its top alternatives."""
+    out: list[dict[int, float] | None] = []
+    for tok, e in zip(d.prompt_token_ids or (), d.prompt_logprobs):
+        if e is None:
+            out.append(None)
+            continue
+        lp, _, top = e
+        out.append({int(tok): float(lp), **{int(t): float(x) for t, x in top}})
+    return out
+
+
 def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                   stop=None, priority=0, ignore_eos=False, request_id=None, *,
                   logprobs=None, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
                   repetition_penalty=1.0, min_tokens=0, stop_token_ids=None,
                   include_stop_str_in_output=False, skip_special_tokens=True,
-                  add_special_tokens=True, user=None, max_tokens_must_fit=False) -> Generate:
+                  add_special_tokens=True, user=None, max_tokens_must_fit=False,
+                  prompt_logprobs=None) -> Generate:
     """The request a generate() or stream() call asks for. Its parameters are the one
     definition of those methods' parameters (see takes_request); README's API table says
     what each does."""
@@ -81,7 +100,8 @@ def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, se
                     max_tokens, temperature, top_p, top_k, seed, stop, priority, ignore_eos,
                     logprobs, min_p, presence_penalty, frequency_penalty, repetition_penalty,
                     min_tokens, stop_token_ids, include_stop_str_in_output,
-                    skip_special_tokens, add_special_tokens, user, max_tokens_must_fit)
+                    skip_special_tokens, add_special_tokens, user, max_tokens_must_fit,
+                    prompt_logprobs)
 
 
 def takes_request(method):

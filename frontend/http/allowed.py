@@ -18,8 +18,9 @@ _COMMON = {"model", "n", "stream", "stream_options", "temperature", "top_p", "se
            "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
            "include_stop_str_in_output", "skip_special_tokens", "ignore_eos",
            "add_special_tokens", "priority"}
-COMPLETION = frozenset(_COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"})
-CHAT = frozenset(_COMMON | {
+COMPLETION = frozenset(_COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix",
+                                  "prompt_logprobs"})
+CHAT = frozenset(_COMMON | {"prompt_logprobs",
     "messages", "logprobs", "top_logprobs", "max_completion_tokens", "tools", "functions",
     "tool_choice", "function_call", "response_format", "parallel_tool_calls", "audio",
     "modalities", "prediction", "store", "metadata", "service_tier", "reasoning_effort",

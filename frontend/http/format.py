@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from frontend.http import logprobs
+from frontend.http import logprobs, prompt_logprobs
 from frontend.http.schema import GenRequest
 from frontend.http.tokens import Tokens
 
@@ -34,9 +34,12 @@ class Tally:
     answered: bool = False         # a first delta came
     entries: list = field(default_factory=list)
     metrics: dict | None = None
+    prompt: tuple = ((), None)     # the prompt's ids and the engine's prompt logprobs
 
     def add(self, d, now: float) -> None:
         self.answered = True
+        if d.prompt_logprobs is not None:
+            self.prompt = (d.prompt_token_ids, d.prompt_logprobs)
         self.text += d.text
         self.entries += logprobs.entries(d)
         if d.prompt_token_ids is not None:
@@ -65,6 +68,7 @@ def usage(tallies: list[Tally], n: int = 1, completion: int | None = None) -> di
 class CompletionFormat:
     """Stateful per request: a stream's chunks must be made in the order they are sent."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
+    prompt_logprobs_at_top = False   # vLLM: on each completions choice, once in a chat reply
 
     def __init__(self, model: str, gen: GenRequest, tokens: Tokens | None = None):
         self.model, self.created = model, int(time.time())
@@ -72,6 +76,7 @@ class CompletionFormat:
         self.n, self.per_prompt = gen.choices, gen.n
         self.usage_chunk, self.continuous = gen.include_usage, gen.continuous_usage
         self.logprobs = gen.msg.logprobs is not None
+        self.ask = gen.prompt_ask
         self.tokens = tokens
         self.echo = [_echo_text(gen, p, tokens) for p in gen.batch]  # per prompt
         self._carry: list[list] = [[] for _ in range(self.n)]  # logprobs of unsent tokens
@@ -90,8 +95,11 @@ class CompletionFormat:
             if self.n > 1:
                 choice["tl"] = t.metrics
             choices.append(choice)
-        return {**self._head(self.object), "choices": choices, "usage": self._usage(tallies),
-                "tl": tallies[0].metrics}
+        out = {**self._head(self.object), "choices": choices, "usage": self._usage(tallies),
+               "tl": tallies[0].metrics}
+        if self.ask.vllm is not None and self.prompt_logprobs_at_top:
+            out["prompt_logprobs"] = self._vllm(tallies[0])
+        return out
 
     def _usage(self, tallies: list[Tally]) -> dict:
         return usage(tallies, self.per_prompt)
@@ -109,6 +117,7 @@ class CompletionFormat:
     def chunk(self, tallies: list[Tally], i: int, d) -> dict | None:
         """Choice i's chunk for delta d; None for a delta with no text yet (its logprobs
         go with the next chunk of the choice)."""
+        self._carry[i] += self._echoed((d.prompt_token_ids, d.prompt_logprobs))
         self._carry[i] += logprobs.entries(d)
         self._sent += len(d.token_ids)
         if not d.text and d.finish_reason is None:
@@ -134,11 +143,26 @@ class CompletionFormat:
     # ------------------------------------------------------------ per endpoint
 
     def _whole(self, i: int, t: Tally) -> dict:
-        return {"index": i, "text": self._echo(i) + t.text,
-                "logprobs": self._lp(i, t.entries), "finish_reason": t.finish_reason}
+        choice = {"index": i, "text": self._echo(i) + t.text,
+                  "logprobs": self._lp(i, self._echoed(t.prompt) + t.entries),
+                  "finish_reason": t.finish_reason}
+        if self.ask.vllm is not None:
+            choice["prompt_logprobs"] = self._vllm(t)
+        return choice
 
     def _echo(self, i: int) -> str:
         return self.echo[i // self.per_prompt]
+
+    def _echoed(self, prompt: tuple) -> list:
+        """echo with logprobs: the choice's own prompt's entries, ahead of its completion's."""
+        if self.ask.echo_logprobs is None or prompt[1] is None:
+            return []
+        return prompt_logprobs.echo_entries(*prompt, self.ask.echo_logprobs)
+
+    def _vllm(self, t: Tally) -> list | None:
+        if t.prompt[1] is None:
+            return None
+        return prompt_logprobs.vllm_shape(self.tokens, *t.prompt, self.ask.vllm)
 
     def _part(self, i: int, text: str, got: list, finish: str | None) -> dict:
         if self._unsent[i]:
@@ -155,6 +179,7 @@ class CompletionFormat:
 
 class ChatFormat(CompletionFormat):
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+    prompt_logprobs_at_top = True
 
     def opening(self, tallies: list[Tally]) -> list[dict]:
         return [self._with_usage({

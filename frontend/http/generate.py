@@ -19,6 +19,7 @@ from frontend.http.errors import ApiError
 from frontend.http.fanout import FanOut
 from frontend.http.format import CompletionFormat, Tally
 from frontend.http.metrics import Metrics
+from frontend.http.prompt_logprobs import client_for
 from frontend.http.schema import GenRequest
 
 RETRY_AFTER_S = 1  # a full queue drains within steps; clients should come back soon
@@ -36,7 +37,7 @@ async def generate(request: web.Request, client, gen: GenRequest, fmt: Completio
     tallies = [Tally(time.monotonic()) for _ in range(gen.choices)]
     requests = [gen.client_kwargs(i) for i in range(gen.choices)]
     try:
-        async with FanOut(client, requests, gen.n) as fan:
+        async with FanOut(client_for(gen.prompt_ask, client), requests, gen.n) as fan:
             early = []  # deltas that came before every choice had answered
             while not all(t.answered for t in tallies):
                 early.append(await _next(fan, tallies, gen))

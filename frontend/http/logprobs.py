@@ -11,7 +11,8 @@ import math
 
 from frontend.http.tokens import Tokens
 
-Entry = tuple[int, float, list[tuple[int, float]]]  # (token id, logprob, top alternatives)
+# (token id, logprob, top alternatives); an echoed prompt's first token: (id, None, None)
+Entry = tuple[int, float | None, list[tuple[int, float]] | None]
 FLOOR = -9999.0
 
 
@@ -37,7 +38,8 @@ def completion(tokens: Tokens, got: list[Entry], offset: int) -> tuple[dict, int
         offsets.append(offset)
         offset += len(s)
     return {"tokens": strs, "token_logprobs": [lp for _, lp, _ in got],
-            "top_logprobs": [{tokens.piece(a): b for a, b in top} for _, _, top in got],
+            "top_logprobs": [None if top is None else {tokens.piece(a): b for a, b in top}
+                             for _, _, top in got],   # None: an echoed prompt's first token
             "text_offset": offsets}, offset
 
 

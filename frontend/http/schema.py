@@ -19,6 +19,8 @@ from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
+from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
+                                           engine_max_tokens)
 from frontend.http.reply_bound import check_reply
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
 from frontend.validate import InvalidRequest, check_fields
@@ -47,6 +49,7 @@ class GenRequest:
     prompts: list | None = None   # a batch's prompts (None: msg.prompt alone)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
     max_tokens_field: str = "max_tokens"  # the body's name for it (chat: either name)
+    prompt_ask: PromptAsk = PromptAsk()   # prompt logprobs (prompt_logprobs.py)
 
     @property
     def batch(self) -> list:
@@ -94,14 +97,17 @@ def parse_completion(body: dict, priority: int | None,
     check_known(body, COMPLETION)
     logprobs = get(body, "logprobs", INT)
     echo = get(body, "echo", BOOL, False)
-    if echo and logprobs is not None:
-        raise ApiError(400, "echo with logprobs is not supported: this server returns no "
-                            "logprobs for prompt tokens", "echo")
+    ask = completion_ask(body, echo, logprobs)
     prompts = _prompts(body)
-    msg = _generate(body, prompts[0], priority,
-                    get(body, "max_tokens", INT, COMPLETION_MAX_TOKENS), logprobs,
-                    add_special_tokens=True, explicit=body.get("max_tokens") is not None)
-    return check_reply(_batch(_request(body, msg, max_model_len, echo), prompts), "logprobs")
+    given = get(body, "max_tokens", INT)
+    max_tokens = COMPLETION_MAX_TOKENS if given is None else given
+    # max_tokens 0 (echo) always fits: the engine's one token for it is dropped, and the
+    # frontend's prompt check (fewer than max_model_len tokens) leaves room for it
+    msg = _generate(body, prompts[0], priority, engine_max_tokens(ask, max_tokens), logprobs,
+                    add_special_tokens=True, prompt_logprobs=ask.engine,
+                    explicit=given is not None and not ask.prompt_only)
+    gen = _batch(_request(body, msg, max_model_len, echo, ask=ask), prompts)
+    return check_reply(gen, "logprobs", max_model_len)
 
 
 def _prompts(body: dict) -> list:
@@ -125,16 +131,17 @@ def parse_chat(body: dict, priority: int | None, render: Callable[[list], str],
     """`render` turns the checked messages into the prompt text (the chat template), which
     holds its own special tokens: add_special_tokens defaults to false."""
     check_known(body, CHAT)
+    ask = chat_ask(body)
     max_tokens = _chat_max_tokens(body)
     msg = _generate(body, render(fields.messages(body.get("messages"))), priority,
                     default_max_tokens if max_tokens is None else max_tokens,
                     _chat_logprobs(body), add_special_tokens=False,
-                    explicit=max_tokens is not None)
+                    explicit=max_tokens is not None, prompt_logprobs=ask.engine)
     newer = body.get("max_completion_tokens") is not None
-    gen = _request(body, msg, max_model_len,
+    gen = _request(body, msg, max_model_len, ask=ask,
                    max_tokens_field="max_completion_tokens" if newer else "max_tokens")
     return check_reply(gen, "top_logprobs" if body.get("top_logprobs") is not None
-                       else "logprobs")
+                       else "logprobs", max_model_len)
 
 
 def _chat_max_tokens(body: dict) -> int | None:
@@ -159,7 +166,8 @@ def _chat_logprobs(body: dict) -> int | None:
 
 
 def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
-              logprobs: int | None, add_special_tokens: bool, explicit: bool) -> Generate:
+              logprobs: int | None, add_special_tokens: bool, explicit: bool,
+              prompt_logprobs: int | None = None) -> Generate:
     """`explicit`: the body gave max_tokens, so prompt + max_tokens must fit the context
     (a 400 otherwise, as OpenAI and vLLM answer); a default one is cut at the context.
     Every field given: OpenAI's defaults (temperature 1.0) are not the Client's."""
@@ -179,7 +187,8 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
         include_stop_str_in_output=get(body, "include_stop_str_in_output", BOOL, False),
         skip_special_tokens=get(body, "skip_special_tokens", BOOL, True),
         add_special_tokens=get(body, "add_special_tokens", BOOL, add_special_tokens),
-        user=get(body, "user", STR), max_tokens_must_fit=explicit)
+        user=get(body, "user", STR), max_tokens_must_fit=explicit,
+        prompt_logprobs=prompt_logprobs)
 
 
 def _top_k(body: dict) -> int:
@@ -188,7 +197,8 @@ def _top_k(body: dict) -> int:
 
 
 def _request(body: dict, msg: Generate, max_model_len: int | None,
-             echo: bool = False, max_tokens_field: str = "max_tokens") -> GenRequest:
+             echo: bool = False, ask: PromptAsk = PromptAsk(),
+             max_tokens_field: str = "max_tokens") -> GenRequest:
     get(body, "model", STR)
     n = get(body, "n", INT, 1)
     if not 1 <= n <= MAX_N:
@@ -196,7 +206,7 @@ def _request(body: dict, msg: Generate, max_model_len: int | None,
     stream = get(body, "stream", BOOL, False)
     usage, continuous = _stream_options(body, stream)
     gen = GenRequest(msg, stream, n, usage, echo, continuous_usage=continuous,
-                     max_tokens_field=max_tokens_field)
+                     max_tokens_field=max_tokens_field, prompt_ask=ask)
     try:
         check_fields(gen.msg, max_model_len)
     except InvalidRequest as e:
