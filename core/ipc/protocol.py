@@ -51,6 +51,7 @@ class ModelInfo:
     tokenizer: str = ""           # a local HF directory holding the tokenizer
     tp: int = 1                   # tensor-parallel ranks the worker runs as
     batch_invariant: bool = False  # --batch-invariant: a row's logits ignore the batch
+    weights: str = ""             # sha256 of the weights as loaded (worker/digest.py); "" for none
 
 
 # ---------------------------------------------------------------- client <-> frontend
@@ -158,9 +159,12 @@ class StatsQuery:
 
 @message("hello")
 class Hello:
-    """A frontend (re)started: the core aborts every request of earlier frontends and
-    answers CoreReady once its engine runs."""
+    """A frontend (re)started, or it (re)takes this core as a fresh replica: a core greeted
+    with a (pid, epoch) other than the last aborts every request it holds (the frontend
+    has forgotten them) and answers CoreReady with this epoch once its engine runs. The
+    frontend counts epochs; a repeated Hello (same pid and epoch) only gets CoreReady."""
     pid: int
+    epoch: int = 0
 
 
 @message("drain")
@@ -194,15 +198,19 @@ class CoreStats:
 
 @message("core_ready")
 class CoreReady:
+    """`epoch`: the last Hello's; the frontend routes to the core only once it answers the
+    Hello it sent last (by then every request of an earlier epoch is aborted)."""
     info: ModelInfo
     pid: int
     worker_pid: int
+    epoch: int = 0
 
 
 @message("beat")
 class Beat:
-    """A joined replica's core is alive (every BEAT_S); from an unknown replica it asks the
-    frontend for a Hello."""
+    """A core is alive (every BEAT_S, also mid-step; local cores too): the frontend finds a
+    core silent past its deadline stalled or dead. From an unknown joined replica it asks
+    the frontend for a Hello."""
     pid: int
 
 
