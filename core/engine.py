@@ -18,6 +18,7 @@ from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.kept_tables import KeptTables
 from core.logrecords import FORMAT, StepRecord
 from core.request_metrics import RequestClock
+from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 from core.table_ledger import TableLedger
@@ -32,15 +33,16 @@ def check_ranges(req: Request, sampling: SamplingParams) -> None:
     it from failing later, inside a step or the log writer, where it would hurt others."""
     t, p, k, s = sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
     if not isinstance(req.max_tokens, int) or not 1 <= req.max_tokens <= SEED_MASK:
-        raise InvalidRequest(f"max_tokens must be in [1, 2**63), got {req.max_tokens!r}")
+        raise InvalidRequest(f"max_tokens must be in [1, 2**63), got {req.max_tokens!r}",
+                             "max_tokens")
     if not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
-        raise InvalidRequest(f"temperature must be finite and >= 0, got {t!r}")
+        raise InvalidRequest(f"temperature must be finite and >= 0, got {t!r}", "temperature")
     if not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise InvalidRequest(f"top_p must be in (0, 1], got {p!r}")
+        raise InvalidRequest(f"top_p must be in (0, 1], got {p!r}", "top_p")
     if not isinstance(k, int) or not 0 <= k <= INT32_MAX:
-        raise InvalidRequest(f"top_k must be in [0, 2**31), got {k!r}")
+        raise InvalidRequest(f"top_k must be in [0, 2**31), got {k!r}", "top_k")
     if s is not None and (not isinstance(s, int) or not 0 <= s <= SEED_MASK):
-        raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}")
+        raise InvalidRequest(f"seed must be in [0, 2**63), got {s!r}", "seed")
 
 
 def derive_seed(engine_seed: int, seq_id: int) -> int:
@@ -127,6 +129,7 @@ class Engine:
         self.live: dict[int, _Live] = {}
         self.last_hash = ""
         self.step_ms_total = 0.0  # time spent inside plan..commit, summed over steps
+        self.step_times = StepTimes()   # the same, per step, as a histogram
         self.last_schedule: ScheduleOutput | None = None
         self.last_hits: list[list[int]] = []   # the last plan's prefix-cache hits
         self._planned: tuple[ScheduleOutput, int, float] | None = None
@@ -308,6 +311,7 @@ class Engine:
         st = self.sched.stats()
         ms = (time.perf_counter() - t0) * 1e3
         self.step_ms_total += ms
+        self.step_times.observe(ms)
         self.log.step(StepRecord(step, time.time(), ms, doc, outs, st.free_blocks, st.running,
                                  st.waiting, self.last_hash))
 

@@ -22,7 +22,7 @@ from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreSta
                            StepResult, StopRequest, WorkerReady)
 from core.steplog import StepLog
 from core.worker_link import WorkerDied, WorkerLink, WorkerLost
-from core.sched import AdmitError, Finished, QueueFull, Request, TokenEvent
+from core.sched import AdmitError, Finished, NeverFits, QueueFull, Request, TokenEvent
 
 
 RESTART_WAIT_S = 300.0   # how long the core waits for a replacement worker
@@ -217,7 +217,8 @@ class CoreLoop:
                                      arrival_time=received)
         except AdmitError as e:
             code = 429 if isinstance(e, QueueFull) else 400
-            self.send(Rejected(fid=msg.fid, code=code, message=str(e) or type(e).__name__))
+            self.send(Rejected(fid=msg.fid, code=code, message=str(e) or type(e).__name__,
+                               param=self._param_of(e, len(msg.prompt))))
             return
         except Exception as e:  # a bug must fail this request, not the engine
             _log(f"request {msg.fid} failed at admission: {e!r}")
@@ -308,6 +309,14 @@ class CoreLoop:
         if frontend_readable:
             self.collect_inputs()
 
+    def _param_of(self, e: AdmitError, prompt_len: int) -> str | None:
+        """The request field a refusal names: a request that cannot fit the KV pool with
+        one generated token is the prompt's fault, else max_tokens'."""
+        if isinstance(e, NeverFits):
+            per_block = self.engine.sched.blocks.block_tokens()
+            return "prompt" if -(-(prompt_len + 1) // per_block) > e.total else "max_tokens"
+        return e.param
+
     def publish(self, events: list) -> None:
         fids, tokens, finished = I32(), I32(), []
         extras, lps, tops = self.engine.extras, F64(), []
@@ -338,6 +347,7 @@ class CoreLoop:
                 "max_model_len": self.engine.sched.cfg.max_model_len,
                 "model": self.info.model, "tokenizer": self.info.tokenizer, "tp": self.info.tp,
                 "step_ms_total": self.engine.step_ms_total,
+                "step_ms_histogram": self.engine.step_times.snapshot(),
                 **prefix_stats(self.engine.sched.blocks),
                 "pids": {"core": os.getpid(), "worker": self.worker.pid}}
 

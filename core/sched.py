@@ -66,15 +66,17 @@ def _validated_prompt(req: object) -> list[int]:
         raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
     p = req.prompt
     if not isinstance(p, (list, tuple, array)):
-        raise InvalidRequest(f"prompt must be a list of token ids, got {type(p).__name__}")
+        raise InvalidRequest(f"prompt must be a list of token ids, got {type(p).__name__}",
+                             "prompt")
     tokens = list(p)
     if not all(type(t) is int and t >= 0 for t in tokens):
-        raise InvalidRequest("prompt must hold non-negative int token ids only")
+        raise InvalidRequest("prompt must hold non-negative int token ids only", "prompt")
     if not _is_int(req.max_tokens) or req.max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be an int >= 1, got {req.max_tokens!r}")
+        raise InvalidRequest(f"max_tokens must be an int >= 1, got {req.max_tokens!r}",
+                             "max_tokens")
     if not _is_int(req.priority) or not -MAX_PRIORITY <= req.priority <= MAX_PRIORITY:
         raise InvalidRequest(f"priority must be an int in [-{MAX_PRIORITY}, {MAX_PRIORITY}], "
-                             f"got {req.priority!r}")
+                             f"got {req.priority!r}", "priority")
     return tokens
 
 

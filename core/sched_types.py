@@ -58,6 +58,7 @@ class Request:
 
 class AdmitError(Exception):
     """`add` refused the request; the scheduler is unchanged and no id was used."""
+    param: str | None = None   # the request field at fault (an HTTP 400's param)
 
 
 class QueueFull(AdmitError):
@@ -70,11 +71,15 @@ class QueueFull(AdmitError):
 
 
 class EmptyPrompt(AdmitError):
+    param = "prompt"
+
     def __str__(self) -> str:
         return "the prompt is empty"
 
 
 class TooLong(AdmitError):
+    param = "prompt"
+
     def __init__(self, tokens: int, limit: int):
         super().__init__(tokens, limit)
         self.tokens = tokens
@@ -86,6 +91,8 @@ class TooLong(AdmitError):
 
 
 class NeverFits(AdmitError):
+    param = "max_tokens"   # the caller knows better when the prompt alone never fits
+
     def __init__(self, blocks: int, total: int):
         super().__init__(blocks, total)
         self.blocks = blocks
@@ -98,6 +105,10 @@ class NeverFits(AdmitError):
 
 class InvalidRequest(AdmitError, ValueError):
     """Wrong types or out-of-range arguments."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(slots=True)

@@ -83,7 +83,7 @@ class CoreSide:
             st = self._mine(r, msg.fid)
             if st is not None:
                 self._remove(st)
-                self._error(st.ident, st.request_id, msg.code, msg.message)
+                self._error(st.ident, st.request_id, msg.code, msg.message, msg.param)
         elif isinstance(msg, CoreStats):
             answered = self.stats_queries.answer(r, msg)
             if answered is not None:

@@ -24,6 +24,7 @@ from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, Add
                                Drain, ErrorReply, Generate, Hello, I32, ModelInfo, Ping, Pong,
                                ProtocolError, Stats)
 from frontend.core_side import CORE_DIED, CoreSide
+from frontend.prompts import PromptSide
 from frontend.inflight import Inflight
 from frontend.replica_stats import StatsQueries
 from frontend.joins import Joins
@@ -32,7 +33,9 @@ from frontend.request import RequestState
 from frontend.salvage import peek_request_id
 from frontend.sampling import failover_seed, sampling_of
 from frontend.silence import AwakeClock, Silence
+from frontend.token_bound import check_prompt_text
 from frontend.tokenizer import Tokenizer
+from frontend.tokenizing import TokenizeQueue
 from frontend.validate import InvalidRequest, check_params, check_prompt_ids
 from frontend.wakeup import Wakeup
 
@@ -57,7 +60,7 @@ class FrontendConfig:
     replica_address: str | None = None   # where replicas may join (frontend/joins.py)
 
 
-class Frontend(CoreSide):
+class Frontend(CoreSide, PromptSide):
     def __init__(self, cfg: FrontendConfig):
         self.cfg = cfg
         self._ctx = zmq.Context()
@@ -78,6 +81,7 @@ class Frontend(CoreSide):
         self.tokenizer: Tokenizer | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self.inflight = Inflight()
+        self.tokenizing = TokenizeQueue(self._tokenize, self.wakeup.poke)
         self._next_fid = 0      # one counter for every replica: a fid names one request
         self._next_epoch = 1    # Hello's epochs (core/ipc/protocol.py); local replicas start at 0
         self.stats_queries = StatsQueries(CORE_DIED)
@@ -130,8 +134,10 @@ class Frontend(CoreSide):
                 self._pump(self.router.recv, self._on_client_frame)
             if self.wakeup.read_fd() in ready:
                 self.wakeup.clear()
+            self._on_tokenized()   # after clear: a result that comes later pokes again
 
     def close(self) -> None:
+        self.tokenizing.close()
         self.router.sock.close(linger=CLOSE_LINGER_MS)  # Channel.close would drop what is queued
         for r in self.replicas:
             if isinstance(r, LocalReplica):
@@ -173,9 +179,10 @@ class Frontend(CoreSide):
             return
         if self._stop_signals > 1:
             self._drain_deadline = min(self._drain_deadline, now)
-        if not len(self.inflight) or now >= self._drain_deadline:
+        if not (len(self.inflight) or len(self.tokenizing)) or now >= self._drain_deadline:
             for st in self.inflight:
                 self._abort(st, tell_client=True)
+            self._abort_pending(self.tokenizing.drop_all())
             self._exit_code = 0
 
     # ------------------------------------------------------------ clients
@@ -188,6 +195,8 @@ class Frontend(CoreSide):
             st = self.inflight.by_key(ident, msg.request_id)
             if st is not None:
                 self._abort(st, tell_client=True)
+            else:
+                self._abort_pending([self.tokenizing.cancel(ident, msg.request_id)])
         elif isinstance(msg, Stats):
             self._on_stats(ident)
         elif isinstance(msg, Ping):
@@ -206,21 +215,27 @@ class Frontend(CoreSide):
             return self._error(ident, msg.request_id, 503, "engine not ready")
         if self._drain_deadline is not None:
             return self._error(ident, msg.request_id, 503, "shutting down")
-        if self.inflight.by_key(ident, msg.request_id) is not None:
+        if (self.inflight.by_key(ident, msg.request_id) is not None
+                or self.tokenizing.has(ident, msg.request_id)):
             return self._error(ident, msg.request_id, 400,
                                f"duplicate request_id {msg.request_id!r}")
         cap = self.cfg.max_inflight_per_client
-        if self.inflight.count_of(ident) >= cap:
+        if self.inflight.count_of(ident) + self.tokenizing.count_of(ident) >= cap:
             return self._error(ident, msg.request_id, 429,
                                f"this client already has {cap} requests in flight "
                                "(--max-inflight-per-client)")
         try:
             check_params(msg, self.info)
-            ids = (self.tokenizer.encode(msg.prompt, msg.add_special_tokens)
-                   if isinstance(msg.prompt, str) else msg.prompt)
-            check_prompt_ids(ids, self.info)
+            fit = msg.max_tokens if msg.max_tokens_must_fit else None
+            if isinstance(msg.prompt, str):   # tokenized off the loop, then _on_tokenized
+                check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len, fit)
+                return self.tokenizing.submit(ident, msg)
+            check_prompt_ids(msg.prompt, self.info, fit)
         except InvalidRequest as e:
-            return self._error(ident, msg.request_id, e.code, str(e))
+            return self._error(ident, msg.request_id, e.code, str(e), e.field)
+        self._admit(ident, msg, msg.prompt)
+
+    def _admit(self, ident: bytes, msg: Generate, ids) -> None:
         st = self._state(ident, msg, ids)
         seed = failover_seed(msg, ident) if self.several else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
@@ -258,8 +273,9 @@ class Frontend(CoreSide):
         if not self.stats_queries.ask(ident, self.replicas):
             self._error(ident, None, 503, "the core is not answering")
 
-    def _error(self, ident: bytes, request_id: str | None, code: int, message: str) -> None:
-        self.router.send(ident, ErrorReply(request_id, code, message))
+    def _error(self, ident: bytes, request_id: str | None, code: int, message: str,
+               param: str | None = None) -> None:
+        self.router.send(ident, ErrorReply(request_id, code, message, param))
 
     def _send_delta(self, ident: bytes, delta: Delta) -> None:
         if not self.router.send(ident, delta):
@@ -272,6 +288,7 @@ class Frontend(CoreSide):
         self._greet_waiting_cores()
 
     def _client_gone(self, ident: bytes) -> None:
+        self.tokenizing.drop(ident)
         gone = self.inflight.of_client(ident)
         if gone:
             log.info("client %s is gone: aborting %d request(s)", ident.hex(), len(gone))

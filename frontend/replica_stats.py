@@ -9,10 +9,12 @@ import os
 from dataclasses import dataclass, field
 
 from core.ipc.protocol import CoreStats, ErrorReply, StatsQuery, StatsReply
+from core.step_times import merge_snapshots
 
 SUMMED = ("running", "waiting", "free_blocks", "total_blocks", "steps", "preemptions",
           "finished", "step_ms_total", "cached_blocks", "prefix_query_tokens",
           "prefix_hit_tokens", "prefix_recompute_hit_tokens")
+HISTOGRAM = "step_ms_histogram"   # summed bucket by bucket (core/step_times.py)
 
 
 @dataclass
@@ -44,6 +46,9 @@ def merge(per_replica: list[dict], frontend_pid: int) -> dict:
         if values:
             out[k] = sum(values)
     out["max_model_len"] = min(st["max_model_len"] for st in per_replica)
+    hists = [st[HISTOGRAM] for st in per_replica if isinstance(st.get(HISTOGRAM), dict)]
+    if hists:
+        out[HISTOGRAM] = merge_snapshots(hists)
     out["pids"] = {**first["pids"], "frontend": frontend_pid}
     out["replicas"] = per_replica
     return out

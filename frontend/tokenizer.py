@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from frontend.token_bound import TokenBound
+
 
 def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,6 +16,7 @@ class Tokenizer:
     def __init__(self, hf):
         self._hf = hf
         self._rust = _rust_decode(hf)
+        self.bound = TokenBound.of(hf)   # the fewest tokens a text can be (token_bound.py)
 
     @staticmethod
     def preload() -> None:

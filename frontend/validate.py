@@ -103,13 +103,18 @@ def _stops(stop: Sequence[str]) -> None:
                              f"got one of {longest}", "stop")
 
 
-def check_prompt_ids(ids: Sequence[int], info: ModelInfo) -> None:
-    """The tokenized prompt against the model: non-empty, in the vocabulary, short enough."""
+def check_prompt_ids(ids: Sequence[int], info: ModelInfo, max_tokens: int | None = None) -> None:
+    """The tokenized prompt against the model: non-empty, in the vocabulary, short enough;
+    with `max_tokens` (a request whose max_tokens must fit), short enough for those too."""
     if not ids:
         raise InvalidRequest("prompt has no tokens", "prompt")
     if len(ids) >= info.max_model_len:
         raise InvalidRequest(
             f"prompt of {len(ids)} tokens reaches max_model_len {info.max_model_len}", "prompt")
+    if max_tokens is not None and len(ids) + max_tokens > info.max_model_len:
+        raise InvalidRequest(
+            f"prompt of {len(ids)} tokens + max_tokens {max_tokens} = {len(ids) + max_tokens} "
+            f"tokens, over max_model_len {info.max_model_len}", "max_tokens")
     bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise InvalidRequest(f"prompt token {bad} outside [0, {info.vocab_size})", "prompt")

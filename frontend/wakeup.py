@@ -1,4 +1,5 @@
-"""A socket pair that lets a signal wake a zmq poll at once (signal.set_wakeup_fd).
+"""A socket pair that lets a signal wake a zmq poll at once (signal.set_wakeup_fd), or
+another thread (poke).
 
 Without it a SIGTERM arriving during a poll is seen only when the poll times out.
 """
@@ -20,6 +21,13 @@ class Wakeup:
     def write_fd(self) -> int:
         """Give this to signal.set_wakeup_fd."""
         return self._w.fileno()
+
+    def poke(self) -> None:
+        """Wake the poll from another thread (the tokenizing one, frontend/tokenizing.py)."""
+        try:
+            self._w.send(b"\0")
+        except BlockingIOError:
+            pass   # the buffer is full: the poll will wake anyway
 
     def clear(self) -> None:
         try:

@@ -28,12 +28,22 @@ def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
         raise ModelUnavailable(f"the log's dtype {dtype!r} is not one this worker runs "
                                f"({', '.join(DTYPES)}); pass --dtype")
     try:
-        return make_runner(meta["model"], device=device, dtype=dtype,
-                           num_blocks=meta["num_blocks"], block_size=meta["block_size"],
-                           max_model_len=info["max_model_len"],
-                           batch_invariant=info.get("batch_invariant", False))
-    except (FileNotFoundError, ValueError) as e:
+        runner = make_runner(meta["model"], device=device, dtype=dtype,
+                             num_blocks=meta["num_blocks"], block_size=meta["block_size"],
+                             max_model_len=info["max_model_len"],
+                             batch_invariant=info.get("batch_invariant", False))
+    except (OSError, ValueError, RuntimeError) as e:
         raise ModelUnavailable(f"cannot load the log's model {meta['model']!r}: {e}") from None
+    _check_same_file(info.get("checkpoint") or {}, runner.info.checkpoint)
+    return runner
+
+
+def _check_same_file(logged: dict, loaded: dict) -> None:
+    """A GGUF model is re-run only from the very file the log was made with (its sha256)."""
+    want = logged.get("sha256")
+    if want is not None and loaded.get("sha256") != want:
+        raise ModelUnavailable(f"the log was made with {logged.get('path')} (sha256 {want}); "
+                               f"{loaded.get('path')} has sha256 {loaded.get('sha256')}")
 
 
 def tp_warning(meta: dict) -> str | None:

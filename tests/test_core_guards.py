@@ -84,3 +84,26 @@ def test_an_abandoned_chunk_is_never_served_from_the_prefix_cache(tmp_path, monk
 
 def _poison(*args):
     raise OverflowError("int too large to convert")
+
+
+def test_a_refusal_names_the_field_at_fault(tmp_path, monkeypatch):
+    """Rejected.param: a request that cannot fit the KV pool blames max_tokens, unless the
+    prompt with one generated token cannot fit either."""
+    ctx = zmq.Context()
+    ep = {k: f"ipc://{tmp_path}/{k}" for k in ("fi", "fo", "wi", "wo")}
+    lp = CoreLoop(CoreConfig(ep["fi"], ep["fo"], ep["wi"], ep["wo"]), ctx)
+    small = ModelInfo("m", num_blocks=4, block_size=16, max_model_len=128, vocab_size=300,
+                      eos_ids=[256])
+    lp.info, lp.engine = small, lp.cfg.make_engine(small)
+    sent = []
+    monkeypatch.setattr(lp, "send", sent.append)
+    try:
+        for fid, prompt, max_tokens in ((0, [1] * 40, 60), (1, [1] * 70, 1), (2, [1] * 63, 1)):
+            lp.add(AddRequest(fid, f"r{fid}", I32(prompt), max_tokens, 0, SamplingParams()))
+        assert [(r.fid, r.code, r.param) for r in sent] == [(0, 400, "max_tokens"),
+                                                           (1, 400, "prompt")]
+        lp.add(AddRequest(3, "r3", I32([1, 2]), 2 ** 63, 0, SamplingParams()))
+        assert (sent[-1].code, sent[-1].param) == (400, "max_tokens")
+    finally:
+        lp.close()
+        ctx.term()

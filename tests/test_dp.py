@@ -167,7 +167,9 @@ def test_metrics_label_each_replica(group):
     with Client(group.address, timeout=30) as c:
         st = c.stats()
     m = Metrics()
-    m.refresh(st, time.monotonic())
+    m.refresh(st)
     text = generate_latest(m.registry).decode()
     for k in (0, 1):
-        assert f'tl_replica_kv_blocks_total{{replica="{k}"}} 128.0' in text, text
+        assert f'tl_replica_kv_blocks_capacity{{replica="{k}"}} 128.0' in text, text
+    # the step histogram sums the replicas' buckets: its count is every replica's steps
+    assert f"tl_step_duration_seconds_count {float(st['steps'])}" in text, text

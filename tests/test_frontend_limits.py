@@ -90,25 +90,33 @@ def test_a_dead_frontend_fails_its_requests_with_503_at_once(tmp_path):
     assert took < 10, took   # the aim is 2 s; it is the time the socket's close takes to arrive
 
 
-def test_the_gateway_pool_gives_each_peer_its_own_client(engine):
+def test_the_gateway_pool_caps_each_user_and_packs_its_clients(engine):
+    """The gateway counts per user (not per engine client) and fills an engine client up to
+    the frontend's cap before it makes another: the frontend never refuses it."""
+    from frontend.http.errors import ApiError
     from frontend.http.pool import ClientPool
 
     async def run():
-        pool = ClientPool(engine.address, timeout=10, size=2)
+        pool = ClientPool(engine.address, timeout=10, cap=CAP)
         try:
             a, b = pool.member("10.0.0.1"), pool.member("10.0.0.2")
-            shared = pool.member("10.0.0.3")          # past `size`: shares by hash
-            held = [asyncio.create_task(a.generate("hang", request_id=f"pool{i}"))
-                    for i in range(CAP)]
+            held = [asyncio.create_task(collect(a, "hang", f"pool{i}")) for i in range(CAP)]
             await wait_adds(engine, "pool", CAP)
-            with pytest.raises(ClientError) as e:     # peer 1 is at the cap ...
-                await a.generate("hello", max_tokens=50)
-            other = await b.generate("hello", max_tokens=50)   # ... peer 2 is not
+            with pytest.raises(ApiError) as e:     # user 1 is at the cap ...
+                await collect(a, "hello")
+            other = await collect(b, "hello")       # ... user 2 is not
+            members = len(pool)
             for t in held:
                 t.cancel()
             await asyncio.gather(*held, return_exceptions=True)
-            return e.value, other, a is not b and shared in (a, b), len(pool)
+            return e.value, other, members, pool.inflight_of("10.0.0.1")
         finally:
             await pool.close()
-    err, other, distinct, size = asyncio.run(run())
-    assert err.code == 429 and other.text == "hello" and distinct and size == 2
+    err, other, members, left = asyncio.run(run())
+    assert err.status == 429 and other == "hello"
+    assert members == 2 and left == 0   # the first client was full: user 2 went to a second
+
+
+async def collect(client, prompt: str, request_id: str | None = None) -> str:
+    kw = {} if request_id is None else {"request_id": request_id}
+    return "".join([d.text async for d in client.stream(prompt=prompt, max_tokens=50, **kw)])

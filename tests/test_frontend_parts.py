@@ -63,6 +63,18 @@ def test_check_prompt_ids_accepts_up_to_limit():
     check_prompt_ids([0, 299] + [1] * 7, INFO)
 
 
+def test_check_prompt_ids_names_the_field_and_fits_max_tokens_when_asked():
+    for ids, field in (([], "prompt"), ([300], "prompt"), ([1] * 10, "prompt")):
+        with pytest.raises(InvalidRequest) as e:
+            check_prompt_ids(ids, INFO)
+        assert e.value.field == field
+    check_prompt_ids([1] * 7, INFO)                 # no max_tokens given: cut at the context
+    check_prompt_ids([1] * 7, INFO, max_tokens=3)   # 7 + 3 = max_model_len: fits
+    with pytest.raises(InvalidRequest) as e:
+        check_prompt_ids([1] * 7, INFO, max_tokens=4)
+    assert e.value.field == "max_tokens" and "11" in str(e.value)
+
+
 def test_peek_request_id():
     big = msgpack.packb({"t": "generate", "prompt": [256] * 1000, "request_id": "abc"})
     assert peek_request_id(big) == "abc"

@@ -183,7 +183,7 @@ BAD = [
     ("not json", b"{prompt: 1", {}),
     ("not an object", b"[1, 2]", {}),
     ("prompt type", {"prompt": 5}, {}),
-    ("batched prompt", {"prompt": ["a", "b"]}, {}),
+    ("mixed batch", {"prompt": ["a", [1]]}, {}),
     ("max_tokens type", {"prompt": "x", "max_tokens": "5"}, {}),
     ("temperature type", {"prompt": "x", "temperature": "hot"}, {}),
     ("stream type", {"prompt": "x", "stream": "yes"}, {}),

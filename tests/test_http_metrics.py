@@ -91,10 +91,11 @@ def test_metrics_parse_and_move_with_traffic(gateway, oai, group):
     assert moved(before, after, "tl_time_to_first_token_seconds_count") == 2
     assert moved(before, after, "tl_time_per_output_token_seconds_count") == 2
     assert moved(before, after, "tl_engine_steps_total") >= 11
-    assert moved(before, after, "tl_step_duration_seconds_count") == 1
+    # every step, not one mean per scrape (exact count: tests/test_http_tools.py)
+    assert moved(before, after, "tl_step_duration_seconds_count") >= 11
     with Client(group.address) as c:
         total = c.stats()["total_blocks"]
-    assert after[("tl_kv_blocks_total", ())] == total
+    assert after[("tl_kv_blocks_capacity", ())] == total
     assert after[("tl_kv_blocks_used", ())] == 0
     assert after[("tl_requests_running", ())] == after[("tl_requests_waiting", ())] == 0
     assert after[("tl_engine_up", ())] == 1

@@ -62,7 +62,8 @@ def test_racing_writers_leave_one_complete_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TL_CACHE_DIR", str(tmp_path))
     path = presets.preset_dir("tiny")
     before = (path / "model.safetensors").read_bytes()
-    presets._write_atomically(presets.PRESETS["tiny"], path)  # a loser of the rename race
+    p = presets.PRESETS["tiny"]   # a loser of the rename race:
+    presets.write_dir_atomically(path, lambda tmp: presets.write_checkpoint(p, tmp), "config.json")
     assert (path / "model.safetensors").read_bytes() == before
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp dirs left
 

@@ -39,9 +39,14 @@ def main(argv=None) -> int:
         return tp.main(a, sys.argv[1:] if argv is None else list(argv))
     from worker.load import make_runner  # torch loads after the lifeline is set
     from worker.process import serve
-    runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
-                         kv_memory=a.kv_memory, block_size=a.block_size,
-                         max_model_len=a.max_model_len, batch_invariant=a.batch_invariant)
+    from worker.registry_models import RegistryUnavailable
+    try:
+        runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
+                             kv_memory=a.kv_memory, block_size=a.block_size,
+                             max_model_len=a.max_model_len, batch_invariant=a.batch_invariant)
+    except (OSError, ValueError, RegistryUnavailable) as e:   # a model it cannot serve
+        print(f"worker: {e}", file=sys.stderr, flush=True)
+        return 2
     ctx = zmq.Context()
     try:
         with interrupts.end_quietly():

@@ -1,24 +1,60 @@
-"""Model resolution and runner construction. Nothing is ever downloaded."""
+"""Model resolution and runner construction. Nothing is downloaded from a model hub: a
+model is a preset, a registry model (worker/registry_models.py), a GGUF file or a local HF
+directory."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 from core.ipc.protocol import ModelInfo
+from worker import gguf_file, registry_models
 from worker.presets import PRESETS, preset_dir
+from worker.registry_models import REGISTRY
 
 DTYPES = ("float32", "bfloat16")
 
 
 def resolve_model(name: str) -> Path:
-    """A preset name -> its (written-once) directory; anything else must be a local HF dir."""
+    """The checkpoint directory `name` is served from (resolve_checkpoint without the facts)."""
+    return resolve_checkpoint(name)[0]
+
+
+def resolve_checkpoint(name: str) -> tuple[Path, dict]:
+    """A model name -> (its HF checkpoint directory, what ModelInfo.checkpoint records).
+    Presets are written once; a registry model is fetched once and served as its GGUF
+    file; a GGUF file is checked and converted once (worker/gguf_convert.py)."""
     if name in PRESETS:
-        return preset_dir(name)
+        return preset_dir(name), {"format": "preset", "name": name}
+    if name in REGISTRY:
+        return _gguf_checkpoint(registry_models.gguf_path(name), REGISTRY[name].sha256)
     path = Path(name).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return _gguf_checkpoint(path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{name!r} is not a preset ({', '.join(PRESETS)}) "
-                                "nor a local checkpoint directory with a config.json")
-    return path
+        raise FileNotFoundError(f"{name!r} is not a preset ({', '.join([*PRESETS, *REGISTRY])}), "
+                                "a .gguf file nor a local checkpoint directory with a config.json")
+    return path, {"format": "hf", "path": str(path.resolve())}
+
+
+def model_problem(name: str) -> str | None:
+    """One line saying why `name` cannot be served, or None; fetches and converts what it
+    needs first, so the processes that load it next find it cached ("null" needs nothing)."""
+    if name == "null":
+        return None
+    try:
+        resolve_checkpoint(name)
+    except (OSError, ValueError, registry_models.RegistryUnavailable) as e:
+        return str(e)
+    return None
+
+
+def _gguf_checkpoint(path: Path, pinned: str | None = None) -> tuple[Path, dict]:
+    from worker.gguf_convert import checkpoint_dir
+    facts = gguf_file.inspect(path)
+    if pinned is not None and facts.sha256 != pinned:
+        raise ValueError(f"{path}: sha256 {facts.sha256} does not match the pinned "
+                         f"{pinned}: delete it to fetch it again")
+    return checkpoint_dir(facts), facts.as_checkpoint()
 
 
 def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
@@ -48,7 +84,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
 
     keep_heap()
 
-    path = resolve_model(model)
+    path, checkpoint = resolve_checkpoint(model)
     hf = load_model(path, device, dtype, tp)
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = _context_limit(cfg, max_model_len)
@@ -58,10 +94,13 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     if batch_invariant is None:
         from worker.invariant import supported
         batch_invariant = supported(hf, cache, tp)
+    if checkpoint["format"] == "gguf" and model not in REGISTRY:
+        model = checkpoint["path"]   # absolute: replay finds the file from anywhere
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path), tp=tp,
-                     batch_invariant=batch_invariant, weights=weights_digest(hf))
+                     batch_invariant=batch_invariant, checkpoint=checkpoint,
+                     weights=weights_digest(hf))
     runner = ModelRunner(hf, cache, info)
     runner.probe()
     return runner

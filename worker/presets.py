@@ -53,19 +53,21 @@ def preset_dir(name: str) -> Path:
     p = PRESETS[name]
     path = cache_root() / f"{p.name}-{p.version}"
     if not (path / "config.json").exists():
-        _write_atomically(p, path)
+        write_dir_atomically(path, lambda tmp: write_checkpoint(p, tmp), "config.json")
     return path
 
 
-def _write_atomically(p: Preset, path: Path) -> None:
+def write_dir_atomically(path: Path, fill, done: str) -> None:
+    """`fill(tmp)` writes the directory in a temporary sibling, renamed to `path` once whole;
+    `done` names the file whose presence says a directory is whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
-        write_checkpoint(p, tmp)
+        fill(tmp)
         try:
             os.rename(tmp, path)
         except OSError:  # another process renamed its copy first: theirs is identical
-            if not (path / "config.json").exists():
+            if not (path / done).exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -51,6 +51,8 @@ class ModelInfo:
     tokenizer: str = ""           # a local HF directory holding the tokenizer
     tp: int = 1                   # tensor-parallel ranks the worker runs as
     batch_invariant: bool = False  # --batch-invariant: a row's logits ignore the batch
+    checkpoint: dict = field(default_factory=dict)   # where the weights came from: format,
+    # and for a GGUF file its path, sha256, architecture and tensor types (worker/load.py)
     weights: str = ""             # sha256 of the weights as loaded (worker/digest.py); "" for none
 
 
@@ -79,6 +81,9 @@ class Generate:
     skip_special_tokens: bool = True
     add_special_tokens: bool = True        # a text prompt is tokenized as tokenizer(text)
     user: str | None = None
+    # True: prompt + max_tokens over max_model_len is a 400 (naming max_tokens); False:
+    # the request ends "length" at the context
+    max_tokens_must_fit: bool = False
 
 
 @message("abort")
@@ -113,6 +118,7 @@ class ErrorReply:
     request_id: str | None
     code: int
     message: str
+    param: str | None = None      # a 400's field at fault (a Generate field)
 
 
 @message("stats_reply")
@@ -178,6 +184,7 @@ class Rejected:
     fid: int
     code: int
     message: str
+    param: str | None = None      # a 400's field at fault (AdmitError.param)
 
 
 @message("events")

@@ -20,10 +20,11 @@ MAX_REPLY_BYTES = 1 << 30
 class ClientError(Exception):
     """An error answer from the engine, or no answer: code 400, 413, 429 or 503."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, param: str | None = None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.param = param   # a 400's field at fault, where the engine names one
 
 
 @dataclass
@@ -64,7 +65,7 @@ def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, se
                   logprobs=None, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
                   repetition_penalty=1.0, min_tokens=0, stop_token_ids=None,
                   include_stop_str_in_output=False, skip_special_tokens=True,
-                  add_special_tokens=True, user=None) -> Generate:
+                  add_special_tokens=True, user=None, max_tokens_must_fit=False) -> Generate:
     """The request a generate() or stream() call asks for. Its parameters are the one
     definition of those methods' parameters (see takes_request); README's API table says
     what each does."""
@@ -80,7 +81,7 @@ def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, se
                     max_tokens, temperature, top_p, top_k, seed, stop, priority, ignore_eos,
                     logprobs, min_p, presence_penalty, frequency_penalty, repetition_penalty,
                     min_tokens, stop_token_ids, include_stop_str_in_output,
-                    skip_special_tokens, add_special_tokens, user)
+                    skip_special_tokens, add_special_tokens, user, max_tokens_must_fit)
 
 
 def takes_request(method):
@@ -154,7 +155,7 @@ def settle(item) -> Delta:
 
 
 def as_error(reply: ErrorReply) -> ClientError:
-    return ClientError(reply.code, reply.message)
+    return ClientError(reply.code, reply.message, reply.param)
 
 
 def timeout_error(timeout: float) -> ClientError:

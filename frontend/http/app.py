@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -22,10 +21,12 @@ from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
 from frontend.http.format import ChatFormat, CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
-from frontend.http.jsonbody import parse_json
+from frontend.http.identity import identity
+from frontend.http.offload import Offload
+from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
-from frontend.http.tokens import Tokens, detokenize, tokenize
+from frontend.http.tokens import Tokens, detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("http")
 
@@ -47,14 +48,19 @@ class Gateway:
     body_timeout: float = BODY_TIMEOUT_S
 
     def client_for(self, request: web.Request):
-        """The client that carries this HTTP peer's requests (see ClientPool)."""
+        """What carries this user's requests, counted under the cap (see ClientPool)."""
         pool = self.client
-        return pool.member(request.remote) if isinstance(pool, ClientPool) else pool
+        return pool.member(identity(request)) if isinstance(pool, ClientPool) else pool
 
     @cached_property
     def tokens(self) -> Tokens | None:
         """The served tokenizer (None in tests that run without one)."""
         return None if self.chat is None else Tokens(self.chat.tokenizer)
+
+    @cached_property
+    def offload(self) -> Offload:
+        """Where /tokenize and /detokenize run: off the event loop (see Offload)."""
+        return Offload()
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -69,6 +75,7 @@ def make_app(gw: Gateway) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/tokenize", tokenize_route)
     app.router.add_post("/detokenize", detokenize_route)
+    app.router.add_get("/tokenizer_info", tokenizer_info_route)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     return app
@@ -113,7 +120,7 @@ async def openai_errors(request: web.Request, handler):
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(ApiError(e.status, e.reason))
+        return error_response(ApiError(e.status, e.reason, BODY if e.status == 400 else None))
     except Exception:
         log.exception("unexpected error on %s", request.path)
         return error_response(ApiError(500, "internal error in the gateway"))
@@ -162,12 +169,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def tokenize_route(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     body, _ = await _body(request)
-    return web.json_response(tokenize(gw.tokens, body, gw.chat.render, gw.max_model_len))
+    return web.json_response(await gw.offload.run(
+        identity(request), tokenize, gw.tokens, body, gw.chat.render, gw.max_model_len))
 
 
 async def detokenize_route(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
     body, _ = await _body(request)
-    return web.json_response(detokenize(request.app[GATEWAY].tokens, body))
+    return web.json_response(await gw.offload.run(identity(request), detokenize, gw.tokens,
+                                                  body))
+
+
+async def tokenizer_info_route(request: web.Request) -> web.Response:
+    chat = request.app[GATEWAY].chat
+    return web.json_response(tokenizer_info(chat.tokenizer, chat.template))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -200,7 +215,7 @@ def replica_health(st: dict) -> dict:
 
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    gw.metrics.refresh(await _stats(gw), time.monotonic())
+    gw.metrics.refresh(await _stats(gw))
     # aiohttp's content_type argument refuses parameters such as version=: a raw header
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

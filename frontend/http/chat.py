@@ -29,6 +29,11 @@ class ChatTemplate:
         return cls(hf, builtin)
 
     @property
+    def template(self) -> str:
+        """The chat template in use (the tokenizer's, else the built-in ChatML one)."""
+        return self._hf.chat_template
+
+    @property
     def tokenizer(self):
         """The served model's Hugging Face tokenizer (the engine's, from the same directory)."""
         return self._hf

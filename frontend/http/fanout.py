@@ -1,10 +1,11 @@
-"""n engine requests for one HTTP body, read as one stream of (choice index, Delta) in
-arrival order.
+"""The engine requests of one HTTP body (n per prompt), read as one stream of (choice
+index, Delta) in arrival order.
 
-Each choice's stream runs in a task of its own. Choices 1..n-1 start once choice 0 has its
-first token: its prompt's K/V are then computed and registered in the prefix cache, so the
-siblings prefill only the prompt's last block instead of all of it (sent together, they would
-be admitted in one step and each compute the whole prompt). Leaving the `async with` (the reply is
+Each choice's stream runs in a task of its own. A prompt's first choice starts at once; its
+siblings start once it has its first token: its prompt's K/V are then computed and
+registered in the prefix cache, so the siblings prefill only the prompt's last block
+instead of all of it (sent together, they would be admitted in one step and each compute
+the whole prompt). Leaving the `async with` (the reply is
 done, a choice failed, or the HTTP client left and aiohttp cancelled the handler) cancels
 every task, and each task's stream is closed on its way out: the engine aborts every
 choice that had not finished.
@@ -20,14 +21,17 @@ UNFINISHED = "the engine's stream ended without a finish"
 
 
 class FanOut:
-    def __init__(self, client, requests: list[dict]):
-        """`requests`: each choice's AsyncClient.stream arguments."""
-        self._client, self._requests = client, requests
+    def __init__(self, client, requests: list[dict], n: int = 1):
+        """`requests`: each choice's AsyncClient.stream arguments, n per prompt."""
+        self._client, self._requests, self._n = client, requests, n
         self._queue: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
-        self._first = asyncio.Event()   # choice 0 answered (or ended): the siblings may go
+        # per prompt: its first choice answered (or ended), so its siblings may go
+        self._first = [asyncio.Event() for _ in range(0, len(requests), n)]
 
     async def __aenter__(self) -> FanOut:
+        if hasattr(self._client, "hold"):   # a counted client (pool.UserClient): room for all
+            self._client.hold(len(self._requests))
         self._tasks = [asyncio.create_task(self._pump(i, kw))
                        for i, kw in enumerate(self._requests)]
         return self
@@ -36,6 +40,8 @@ class FanOut:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if hasattr(self._client, "release"):
+            self._client.release()
 
     async def next(self):
         """The next (index, Delta) of any choice; raises the first failure of any choice.
@@ -48,8 +54,8 @@ class FanOut:
     async def _pump(self, i: int, kw: dict) -> None:
         finished = False
         try:
-            if i:
-                await self._first.wait()
+            if i % self._n:
+                await self._first[i // self._n].wait()
             async with aclosing(self._client.stream(**kw)) as deltas:
                 async for d in deltas:
                     finished = d.finish_reason is not None
@@ -64,5 +70,5 @@ class FanOut:
             self._release(i)
 
     def _release(self, i: int) -> None:
-        if i == 0:
-            self._first.set()
+        if i % self._n == 0:
+            self._first[i // self._n].set()

@@ -42,14 +42,16 @@ def get(body: dict, name: str, kind: Kind, default=None):
     return value
 
 
-def prompt(p) -> str | list[int]:
-    """A string or a list of token ids; a batch of exactly one of either is unwrapped."""
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]
+def prompts(p) -> list[str | list[int]]:
+    """OpenAI's and vLLM's prompt forms as a list of prompts: a string, a list of strings,
+    a list of token ids or a list of token-id lists."""
     if isinstance(p, str) or (_is_ids(p) and p):
+        return [p]
+    if isinstance(p, list) and p and (all(isinstance(x, str) for x in p)
+                                      or all(_is_ids(x) and x for x in p)):
         return p
-    raise ApiError(400, "prompt must be a string or a non-empty list of token ids "
-                        "(batched prompts are not supported)", "prompt")
+    raise ApiError(400, "prompt must be a string, a list of strings, a non-empty list of "
+                        "token ids or a list of non-empty token-id lists", "prompt")
 
 
 def stop(s) -> list[str] | None:

@@ -2,10 +2,12 @@
 streaming chunks, for n choices, with logprobs when asked and the engine's request
 metrics under the top-level key `tl`.
 
-`usage` (prompt tokens once, completion tokens summed over the choices) is on every whole
-reply; in a stream only when stream_options.include_usage asks, as one last chunk with no
-choices. `tl` is choice 0's Delta.metrics, on the whole reply and on a stream's last chunk;
-with n > 1 every choice carries its own too (in a stream, on its finishing chunk).
+A batch of prompts (/v1/completions) has n choices per prompt: choice i is prompt i // n's
+sample i % n. `usage` (prompt tokens once per prompt, completion tokens summed over the
+choices) is on every whole reply; in a stream when stream_options asks: include_usage as
+one last chunk with no choices, continuous_usage_stats on every chunk (the tokens so far).
+`tl` is choice 0's Delta.metrics, on the whole reply and on a stream's last chunk; with
+several choices every choice carries its own too (in a stream, on its finishing chunk).
 finish_reason keeps OpenAI's values: the engine's "stop" and "length" pass through; an
 engine "abort" never becomes one: the gateway answers it as a 503 instead (generate.py).
 """
@@ -47,10 +49,14 @@ class Tally:
             self.finish_reason, self.metrics = d.finish_reason, d.metrics
 
 
-def usage(tallies: list[Tally]) -> dict:
-    prompt = tallies[0].prompt_tokens
-    completion = sum(t.completion_tokens for t in tallies)
-    cached = (tallies[0].metrics or {}).get("cached_tokens") or 0
+def usage(tallies: list[Tally], n: int = 1, completion: int | None = None) -> dict:
+    """`n`: choices per prompt; each prompt's first choice counts its prompt.
+    `completion`: the tokens sent so far (default: every choice's tokens)."""
+    firsts = tallies[::n]
+    prompt = sum(t.prompt_tokens for t in firsts)
+    if completion is None:
+        completion = sum(t.completion_tokens for t in tallies)
+    cached = sum((t.metrics or {}).get("cached_tokens") or 0 for t in firsts)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
@@ -63,13 +69,15 @@ class CompletionFormat:
     def __init__(self, model: str, gen: GenRequest, tokens: Tokens | None = None):
         self.model, self.created = model, int(time.time())
         self.id = self.id_prefix + gen.msg.request_id
-        self.n, self.usage_chunk = gen.n, gen.include_usage
+        self.n, self.per_prompt = gen.choices, gen.n
+        self.usage_chunk, self.continuous = gen.include_usage, gen.continuous_usage
         self.logprobs = gen.msg.logprobs is not None
         self.tokens = tokens
-        self.echo = _echo_text(gen, tokens)
-        self._carry: list[list] = [[] for _ in range(gen.n)]  # logprobs of unsent tokens
-        self._offset = [0] * gen.n                             # completions' text_offset
-        self._unsent = [True] * gen.n                          # no chunk of choice i yet
+        self.echo = [_echo_text(gen, p, tokens) for p in gen.batch]  # per prompt
+        self._carry: list[list] = [[] for _ in range(self.n)]  # logprobs of unsent tokens
+        self._offset = [0] * self.n                             # completions' text_offset
+        self._unsent = [True] * self.n                          # no chunk of choice i yet
+        self._sent = 0                          # tokens in the chunks made so far
         self._finished = 0
 
     def _head(self, obj: str) -> dict:
@@ -82,16 +90,27 @@ class CompletionFormat:
             if self.n > 1:
                 choice["tl"] = t.metrics
             choices.append(choice)
-        return {**self._head(self.object), "choices": choices, "usage": usage(tallies),
+        return {**self._head(self.object), "choices": choices, "usage": self._usage(tallies),
                 "tl": tallies[0].metrics}
 
-    def opening(self) -> list[dict]:
+    def _usage(self, tallies: list[Tally]) -> dict:
+        return usage(tallies, self.per_prompt)
+
+    def _with_usage(self, chunk: dict, tallies: list[Tally]) -> dict:
+        """A stream chunk, with the usage of the tokens sent so far (this chunk's included)
+        when continuous_usage_stats asks."""
+        if self.continuous:
+            chunk["usage"] = usage(tallies, self.per_prompt, self._sent)
+        return chunk
+
+    def opening(self, tallies: list[Tally]) -> list[dict]:
         return []
 
     def chunk(self, tallies: list[Tally], i: int, d) -> dict | None:
         """Choice i's chunk for delta d; None for a delta with no text yet (its logprobs
         go with the next chunk of the choice)."""
         self._carry[i] += logprobs.entries(d)
+        self._sent += len(d.token_ids)
         if not d.text and d.finish_reason is None:
             return None
         got, self._carry[i] = self._carry[i], []
@@ -104,23 +123,26 @@ class CompletionFormat:
                 choice["tl"] = d.metrics
             if self._finished == self.n and not self.usage_chunk:
                 out["tl"] = tallies[0].metrics
-        return out
+        return self._with_usage(out, tallies)
 
     def closing(self, tallies: list[Tally]) -> list[dict]:
         if not self.usage_chunk:
             return []
-        return [{**self._head(self.chunk_object), "choices": [], "usage": usage(tallies),
+        return [{**self._head(self.chunk_object), "choices": [], "usage": self._usage(tallies),
                  "tl": tallies[0].metrics}]
 
     # ------------------------------------------------------------ per endpoint
 
     def _whole(self, i: int, t: Tally) -> dict:
-        return {"index": i, "text": self.echo + t.text, "logprobs": self._lp(i, t.entries),
-                "finish_reason": t.finish_reason}
+        return {"index": i, "text": self._echo(i) + t.text,
+                "logprobs": self._lp(i, t.entries), "finish_reason": t.finish_reason}
+
+    def _echo(self, i: int) -> str:
+        return self.echo[i // self.per_prompt]
 
     def _part(self, i: int, text: str, got: list, finish: str | None) -> dict:
         if self._unsent[i]:
-            text = self.echo + text
+            text = self._echo(i) + text
         return {"index": i, "text": text, "logprobs": self._lp(i, got),
                 "finish_reason": finish}
 
@@ -134,11 +156,12 @@ class CompletionFormat:
 class ChatFormat(CompletionFormat):
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
-    def opening(self) -> list[dict]:
-        return [{**self._head(self.chunk_object),
-                 "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}]}
-                for i in range(self.n)]
+    def opening(self, tallies: list[Tally]) -> list[dict]:
+        return [self._with_usage({
+            **self._head(self.chunk_object),
+            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}]}, tallies)
+            for i in range(self.n)]
 
     def _whole(self, i: int, t: Tally) -> dict:
         return {"index": i, "message": {"role": "assistant", "content": t.text},
@@ -152,8 +175,7 @@ class ChatFormat(CompletionFormat):
         return logprobs.chat(self.tokens, got) if self.logprobs else None
 
 
-def _echo_text(gen: GenRequest, tokens: Tokens | None) -> str:
+def _echo_text(gen: GenRequest, prompt, tokens: Tokens | None) -> str:
     if not gen.echo:
         return ""
-    prompt = gen.msg.prompt
     return prompt if isinstance(prompt, str) else tokens.decode(prompt, "prompt")

@@ -25,22 +25,25 @@ RETRY_AFTER_S = 1  # a full queue drains within steps; clients should come back 
 ABORTED = "the engine aborted the request (shutting down or aborted by an operator)"
 
 
-def api_error(e: ClientError) -> ApiError:
-    return ApiError(e.code if e.code in (400, 413, 429, 503) else 503, e.message)
+def api_error(e: ClientError, gen: GenRequest) -> ApiError:
+    """The engine's error as the gateway's, its param the body field it came from."""
+    return ApiError(e.code if e.code in (400, 413, 429, 503) else 503, e.message,
+                    gen.param(e.param))
 
 
 async def generate(request: web.Request, client, gen: GenRequest, fmt: CompletionFormat,
                    metrics: Metrics) -> web.StreamResponse:
-    tallies = [Tally(time.monotonic()) for _ in range(gen.n)]
+    tallies = [Tally(time.monotonic()) for _ in range(gen.choices)]
+    requests = [gen.client_kwargs(i) for i in range(gen.choices)]
     try:
-        async with FanOut(client, [gen.client_kwargs(i) for i in range(gen.n)]) as fan:
+        async with FanOut(client, requests, gen.n) as fan:
             early = []  # deltas that came before every choice had answered
             while not all(t.answered for t in tallies):
-                early.append(await _next(fan, tallies))
+                early.append(await _next(fan, tallies, gen))
             if gen.stream:
-                return await _answer_sse(request, fan, early, tallies, fmt)
+                return await _answer_sse(request, fan, early, tallies, fmt, gen)
             while not _finished(tallies):
-                await _next(fan, tallies)
+                await _next(fan, tallies, gen)
             return web.json_response(fmt.body(tallies))
     finally:
         for t in tallies:
@@ -51,11 +54,11 @@ def _finished(tallies: list[Tally]) -> bool:
     return all(t.finish_reason is not None for t in tallies)
 
 
-async def _next(fan: FanOut, tallies: list[Tally]):
+async def _next(fan: FanOut, tallies: list[Tally], gen: GenRequest):
     try:
         i, d = await fan.next()
     except ClientError as e:
-        raise api_error(e) from None
+        raise api_error(e, gen) from None
     tallies[i].add(d, time.monotonic())
     if d.finish_reason == "abort":
         raise ApiError(503, ABORTED)
@@ -63,17 +66,17 @@ async def _next(fan: FanOut, tallies: list[Tally]):
 
 
 async def _answer_sse(request: web.Request, fan: FanOut, early: list, tallies: list[Tally],
-                      fmt: CompletionFormat) -> web.StreamResponse:
+                      fmt: CompletionFormat, gen: GenRequest) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    for chunk in fmt.opening():
+    for chunk in fmt.opening(tallies):
         await _event(resp, chunk)
     try:
         for i, d in early:
             await _event(resp, fmt.chunk(tallies, i, d))
         while not _finished(tallies):
-            i, d = await _next(fan, tallies)
+            i, d = await _next(fan, tallies, gen)
             await _event(resp, fmt.chunk(tallies, i, d))
         for chunk in fmt.closing(tallies):
             await _event(resp, chunk)

@@ -1,7 +1,9 @@
 """Request bodies as JSON the rest of the gateway can trust: an object nested at most
 MAX_DEPTH deep, whose strings are valid Unicode (no lone UTF-16 surrogates, which JSON's
 \\uXXXX escapes can spell but UTF-8 and msgpack cannot carry), whose integers fit the
-wire's 64 bits and whose numbers are finite. Anything else is a 400 that says where.
+wire's 64 bits and whose numbers are finite. Anything else is a 400 that says where: its
+param is the top-level field the bad value is in, or BODY when the body as a whole is at
+fault (not JSON, not an object, nested too deep to parse).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from frontend.http.errors import ApiError
 
 MAX_DEPTH = 32                   # OpenAI's bodies nest 5 deep (messages -> content parts)
 INT_RANGE = (-2 ** 63, 2 ** 64)  # what msgpack can carry
+BODY = "body"
 _SURROGATE = re.compile("[\ud800-\udfff]")  # decoded pairs are one character: these are lone
 
 
@@ -20,11 +23,12 @@ def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw, parse_constant=_no_constant)
     except RecursionError:
-        raise ApiError(400, f"the body is nested deeper than {MAX_DEPTH} levels") from None
+        raise ApiError(400, f"the body is nested deeper than {MAX_DEPTH} levels",
+                       BODY) from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON: {e}") from None
+        raise ApiError(400, f"the body is not valid JSON: {e}", BODY) from None
     if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+        raise ApiError(400, "the body must be a JSON object", BODY)
     _check_values(body)
     return body
 
@@ -76,6 +80,6 @@ def _child(path: str, key) -> str:
 
 
 def _refuse(path: str, message: str):
-    """param: the top-level field the bad value is in."""
+    """param: the top-level field the bad value is in (BODY: a top-level key is bad)."""
     top = re.match(r"\.([^.\[]*)", path)
-    raise ApiError(400, message, top.group(1) if top else None)
+    raise ApiError(400, message, top.group(1) if top else BODY)

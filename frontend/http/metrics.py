@@ -1,20 +1,20 @@
 """The gateway's Prometheus metrics, in a registry of its own (never the global default).
 
 Request-side metrics are observed as requests pass; engine-side ones come from one
-stats() call per scrape. tl_step_duration_seconds observes, at each scrape, the core's
-mean step time since the previous scrape (stats()["step_ms_total"] and ["steps"] deltas).
+stats() call per scrape. tl_step_duration_seconds is the core's own histogram of every
+step's duration (stats()["step_ms_histogram"], core/step_times.py), exported as it is.
+Gauge names never end in `_total`: Prometheus keeps that suffix for counters.
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from frontend.http.format import Tally
 
 FINISH_REASONS = ("stop", "length", "abort")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class EngineCollector(Collector):
@@ -33,7 +33,7 @@ class EngineCollector(Collector):
         yield _gauge("tl_requests_waiting", "requests in the waiting queue", s["waiting"])
         yield _gauge("tl_kv_blocks_used", "KV cache blocks in use",
                      s["total_blocks"] - s["free_blocks"])
-        yield _gauge("tl_kv_blocks_total", "KV cache blocks in the pool", s["total_blocks"])
+        yield _gauge("tl_kv_blocks_capacity", "KV cache blocks in the pool", s["total_blocks"])
         yield CounterMetricFamily("tl_preemptions", "requests preempted by the scheduler",
                                   value=s.get("preemptions", 0))
         yield CounterMetricFamily("tl_engine_steps", "engine steps run", value=s["steps"])
@@ -42,6 +42,18 @@ class EngineCollector(Collector):
         for name, doc in PREFIX_COUNTERS:
             yield CounterMetricFamily(f"tl_{name}", doc, value=s.get(name, 0))
         yield from replica_gauges(s.get("replicas") or [])
+        hist = s.get("step_ms_histogram")
+        if hist is not None:
+            yield step_histogram(hist)
+
+
+def step_histogram(h: dict) -> HistogramMetricFamily:
+    """The core's step-time histogram (cumulative counts per bound in ms, then +Inf)."""
+    *finite, total = h["counts"]
+    buckets = [(f"{le / 1000:g}", c) for le, c in zip(h["le_ms"], finite)]
+    return HistogramMetricFamily(
+        "tl_step_duration_seconds", "engine step time (schedule, forward, on_step), every step",
+        buckets=[*buckets, ("+Inf", total)], sum_value=h["sum_ms"] / 1000)
 
 
 PREFIX_COUNTERS = (
@@ -57,7 +69,7 @@ REPLICA_GAUGES = (
      lambda r: r["waiting"]),
     ("tl_replica_kv_blocks_used", "KV cache blocks in use in one replica's pool",
      lambda r: r["total_blocks"] - r["free_blocks"]),
-    ("tl_replica_kv_blocks_total", "KV cache blocks in one replica's pool",
+    ("tl_replica_kv_blocks_capacity", "KV cache blocks in one replica's pool",
      lambda r: r["total_blocks"]))
 
 
@@ -96,10 +108,6 @@ class Metrics:
         self.tpot = Histogram("tl_time_per_output_token_seconds",
                               "mean time between tokens after the first, per request",
                               buckets=LATENCY_BUCKETS, registry=r)
-        self.step = Histogram("tl_step_duration_seconds",
-                              "mean engine step time (schedule, forward, on_step) between"
-                              " two scrapes", buckets=STEP_BUCKETS, registry=r)
-        self._last_steps: tuple[float, int] | None = None  # (step_ms_total, steps)
 
     def observe_http(self, path: str, code: int) -> None:
         self.http.labels(path, str(code)).inc()
@@ -116,14 +124,8 @@ class Metrics:
                 self.tpot.observe((t.last_token_at - t.first_token_at)
                                   / (t.completion_tokens - 1))
 
-    def refresh(self, stats: dict | None, now: float) -> None:
+    def refresh(self, stats: dict | None) -> None:
         self.engine.stats = stats
-        if stats is None:
-            return
-        last, self._last_steps = self._last_steps, (stats["step_ms_total"], stats["steps"])
-        if last is not None and stats["steps"] > last[1]:
-            ms = (stats["step_ms_total"] - last[0]) / (stats["steps"] - last[1])
-            self.step.observe(ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

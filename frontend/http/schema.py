@@ -19,6 +19,7 @@ from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
+from frontend.http.reply_bound import check_reply
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
 from frontend.validate import InvalidRequest, check_fields
 
@@ -27,7 +28,10 @@ __all__ = ["ApiError", "GenRequest", "parse_chat", "parse_completion", "parse_pr
 PRIORITY_HEADER = "X-TL-Priority"
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_N = 16
-STREAM_OPTIONS = ("include_usage", "include_obfuscation")  # booleans; no obfuscation is sent
+MAX_PROMPTS = 256    # prompts in one /v1/completions body
+MAX_CHOICES = 256    # engine requests one body makes: prompts x n
+# booleans; no obfuscation is sent; continuous_usage_stats is vLLM's (usage on every chunk)
+STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
 _INT = re.compile(r"[+-]?[0-9]{1,7}")
 
 
@@ -40,16 +44,36 @@ class GenRequest:
     n: int = 1
     include_usage: bool = False   # stream_options.include_usage
     echo: bool = False
+    prompts: list | None = None   # a batch's prompts (None: msg.prompt alone)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats
+    max_tokens_field: str = "max_tokens"  # the body's name for it (chat: either name)
+
+    @property
+    def batch(self) -> list:
+        return self.prompts or [self.msg.prompt]
+
+    @property
+    def choices(self) -> int:
+        """Engine requests: n per prompt; choice i is prompt i // n's sample i % n."""
+        return len(self.batch) * self.n
+
+    def param(self, field: str | None) -> str | None:
+        """The body field a Generate field (an InvalidRequest's, an engine 400's) came from."""
+        return self.max_tokens_field if field == "max_tokens" else field
 
     def client_kwargs(self, i: int = 0) -> dict:
         """Choice i's request as the arguments of AsyncClient.stream (make_generate's
-        parameters are Generate's fields). With n > 1 its request_id is `<id>-<i>` and a
-        given seed is seed + i, so that seeded choices differ and stay reproducible."""
+        parameters are Generate's fields). With several choices its request_id is
+        `<id>-<i>`; with n > 1 a given seed is seed + (i % n), so that seeded samples of a
+        prompt differ and stay reproducible, and a prompt's samples do not depend on its
+        place in the batch."""
+        p, j = divmod(i, self.n)
         kw = asdict(self.msg)
-        if self.n > 1:
+        kw["prompt"] = self.batch[p]
+        if self.choices > 1:
             kw["request_id"] = f"{self.msg.request_id}-{i}"
-            if kw["seed"] is not None:
-                kw["seed"] = (kw["seed"] + i) % SEED_LIMIT
+        if j and kw["seed"] is not None:
+            kw["seed"] = (kw["seed"] + j) % SEED_LIMIT
         return kw
 
 
@@ -73,10 +97,27 @@ def parse_completion(body: dict, priority: int | None,
     if echo and logprobs is not None:
         raise ApiError(400, "echo with logprobs is not supported: this server returns no "
                             "logprobs for prompt tokens", "echo")
-    msg = _generate(body, fields.prompt(body.get("prompt")), priority,
+    prompts = _prompts(body)
+    msg = _generate(body, prompts[0], priority,
                     get(body, "max_tokens", INT, COMPLETION_MAX_TOKENS), logprobs,
-                    add_special_tokens=True)
-    return _request(body, msg, max_model_len, echo)
+                    add_special_tokens=True, explicit=body.get("max_tokens") is not None)
+    return check_reply(_batch(_request(body, msg, max_model_len, echo), prompts), "logprobs")
+
+
+def _prompts(body: dict) -> list:
+    prompts = fields.prompts(body.get("prompt"))
+    if len(prompts) > MAX_PROMPTS:
+        raise ApiError(400, f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS} "
+                            "in one request", "prompt")
+    return prompts
+
+
+def _batch(gen: GenRequest, prompts: list) -> GenRequest:
+    gen.prompts = prompts
+    if gen.choices > MAX_CHOICES:
+        raise ApiError(400, f"{len(prompts)} prompts x n={gen.n} is {gen.choices} choices; "
+                            f"at most {MAX_CHOICES} in one request", "n")
+    return gen
 
 
 def parse_chat(body: dict, priority: int | None, render: Callable[[list], str],
@@ -84,19 +125,25 @@ def parse_chat(body: dict, priority: int | None, render: Callable[[list], str],
     """`render` turns the checked messages into the prompt text (the chat template), which
     holds its own special tokens: add_special_tokens defaults to false."""
     check_known(body, CHAT)
+    max_tokens = _chat_max_tokens(body)
     msg = _generate(body, render(fields.messages(body.get("messages"))), priority,
-                    _chat_max_tokens(body, default_max_tokens), _chat_logprobs(body),
-                    add_special_tokens=False)
-    return _request(body, msg, max_model_len)
+                    default_max_tokens if max_tokens is None else max_tokens,
+                    _chat_logprobs(body), add_special_tokens=False,
+                    explicit=max_tokens is not None)
+    newer = body.get("max_completion_tokens") is not None
+    gen = _request(body, msg, max_model_len,
+                   max_tokens_field="max_completion_tokens" if newer else "max_tokens")
+    return check_reply(gen, "top_logprobs" if body.get("top_logprobs") is not None
+                       else "logprobs")
 
 
-def _chat_max_tokens(body: dict, default: int) -> int:
+def _chat_max_tokens(body: dict) -> int | None:
     newer = get(body, "max_completion_tokens", INT)
     older = get(body, "max_tokens", INT)
     if None not in (newer, older) and newer != older:
         raise ApiError(400, f"max_completion_tokens ({newer}) and max_tokens ({older}) "
                             "differ; give one", "max_completion_tokens")
-    return next((v for v in (newer, older) if v is not None), default)
+    return older if newer is None else newer
 
 
 def _chat_logprobs(body: dict) -> int | None:
@@ -112,8 +159,10 @@ def _chat_logprobs(body: dict) -> int | None:
 
 
 def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
-              logprobs: int | None, add_special_tokens: bool) -> Generate:
-    # every field given: OpenAI's defaults (temperature 1.0) are not the Client's
+              logprobs: int | None, add_special_tokens: bool, explicit: bool) -> Generate:
+    """`explicit`: the body gave max_tokens, so prompt + max_tokens must fit the context
+    (a 400 otherwise, as OpenAI and vLLM answer); a default one is cut at the context.
+    Every field given: OpenAI's defaults (temperature 1.0) are not the Client's."""
     return make_generate(
         prompt, max_tokens=max_tokens,
         priority=get(body, "priority", INT, 0) if priority is None else priority,
@@ -130,7 +179,7 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
         include_stop_str_in_output=get(body, "include_stop_str_in_output", BOOL, False),
         skip_special_tokens=get(body, "skip_special_tokens", BOOL, True),
         add_special_tokens=get(body, "add_special_tokens", BOOL, add_special_tokens),
-        user=get(body, "user", STR))
+        user=get(body, "user", STR), max_tokens_must_fit=explicit)
 
 
 def _top_k(body: dict) -> int:
@@ -139,24 +188,27 @@ def _top_k(body: dict) -> int:
 
 
 def _request(body: dict, msg: Generate, max_model_len: int | None,
-             echo: bool = False) -> GenRequest:
+             echo: bool = False, max_tokens_field: str = "max_tokens") -> GenRequest:
     get(body, "model", STR)
     n = get(body, "n", INT, 1)
     if not 1 <= n <= MAX_N:
         raise ApiError(400, f"n must be in [1, {MAX_N}], got {n}", "n")
     stream = get(body, "stream", BOOL, False)
-    gen = GenRequest(msg, stream, n, _include_usage(body, stream), echo)
+    usage, continuous = _stream_options(body, stream)
+    gen = GenRequest(msg, stream, n, usage, echo, continuous_usage=continuous,
+                     max_tokens_field=max_tokens_field)
     try:
         check_fields(gen.msg, max_model_len)
     except InvalidRequest as e:
-        raise ApiError(400, str(e), e.field) from None
+        raise ApiError(400, str(e), gen.param(e.field)) from None
     return gen
 
 
-def _include_usage(body: dict, stream: bool) -> bool:
+def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats)."""
     options = get(body, "stream_options", OBJ)
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise ApiError(400, "stream_options is only allowed with stream: true",
                        "stream_options")
@@ -165,4 +217,4 @@ def _include_usage(body: dict, stream: bool) -> bool:
             raise ApiError(400, f"stream_options: {key[:40]!r} is not one of "
                                 f"{', '.join(STREAM_OPTIONS)} with a boolean value",
                            "stream_options")
-    return options.get("include_usage") is True
+    return options.get("include_usage") is True, options.get("continuous_usage_stats") is True

@@ -4,8 +4,8 @@ aiohttp (not FastAPI + uvicorn): one dependency that streams, cancels a handler 
 disconnected and drains in-flight requests on shutdown, on the asyncio loop AsyncClient uses.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
-POST /detokenize, /health, /metrics (frontend/http/app.py). A body must arrive within
---body-timeout seconds (408 and the connection closes otherwise). Prints `READY
+POST /detokenize, GET /tokenizer_info, /health, /metrics (frontend/http/app.py). A body
+must arrive within --body-timeout seconds (408 and the connection closes otherwise). Prints `READY
 http://HOST:PORT` on stdout once the engine answers stats(), the chat template is loaded
 and the port is bound (--port 0 picks a free one).
 SIGTERM/SIGINT: stop accepting connections, let in-flight requests finish (up to
@@ -26,15 +26,16 @@ from aiohttp import web
 from core.ipc.channel import is_loopback_host
 from core.ipc.lifeline import die_with_parent
 from frontend.client import ClientError
-from frontend.http.pool import ClientPool
+from frontend.http.pool import DEFAULT_CAP, ClientPool
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http.chat import ChatTemplate
+from frontend.http.heap import HeapTrim
 from frontend.http.metrics import Metrics
 
 log = logging.getLogger("http")
 
 RETRY_S = 0.2
-REAP_S = 10.0   # how often idle per-peer clients are closed
+REAP_S = 10.0   # how often idle engine clients are closed and the heap trimmed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a request may wait for the engine's next answer")
     p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
                    help="seconds a request's body may take to arrive (408 and close after)")
+    p.add_argument("--max-inflight-per-client", type=int, default=DEFAULT_CAP,
+                   help="engine requests one user (identity.py) may have unfinished at once "
+                        "(more get 429); at most the frontend's own cap")
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
@@ -88,7 +92,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client = ClientPool(args.frontend, timeout=args.request_timeout)
+    client = ClientPool(args.frontend, args.request_timeout, args.max_inflight_per_client)
     try:
         stats = await wait_for_engine(client, args.startup_timeout)
         chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"])
@@ -102,10 +106,11 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
         try:
             await web.SockSite(runner, sock).start()
             print(f"READY {url_of(sock)}", flush=True)
-            stopped = asyncio.ensure_future(stop.wait())
+            stopped, trim = asyncio.ensure_future(stop.wait()), HeapTrim()
             while not stopped.done():
                 await asyncio.wait([stopped], timeout=REAP_S)
                 await client.reap()
+                trim()
             log.info("draining")
         finally:
             await runner.cleanup()  # stops listening, then awaits in-flight handlers
@@ -122,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
               file=sys.stderr)
         return 2
-    if args.body_timeout <= 0:
-        print("http: --body-timeout must be > 0", file=sys.stderr)
+    if args.body_timeout <= 0 or args.max_inflight_per_client < 1:
+        print("http: --body-timeout and --max-inflight-per-client must be > 0", file=sys.stderr)
         return 2
     die_with_parent(signal.SIGTERM)
     try:

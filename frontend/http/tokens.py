@@ -1,8 +1,10 @@
 """The served tokenizer as the gateway uses it: token strings for logprobs, the prompt text
-for echo, and the /tokenize and /detokenize bodies (vLLM's shapes).
+for echo, and the /tokenize, /detokenize and /tokenizer_info bodies (vLLM's shapes).
 
 Tokenizing is what the engine does to a completion prompt: `tokenizer(text)` with the
-request's add_special_tokens (frontend/tokenizer.py).
+request's add_special_tokens (frontend/tokenizer.py). A text of more than max_model_len
+tokens is refused as vLLM refuses it, and one whose bound (frontend/token_bound.py) already
+says so is refused before it is tokenized. The gateway runs these off its loop (offload.py).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from frontend.http import fields
 from frontend.http.allowed import check_known
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, STR, get
+from frontend.token_bound import TokenBound
 
 TOKENIZE = frozenset({"model", "prompt", "messages", "add_special_tokens",
                       "add_generation_prompt", "return_token_strs"})
@@ -22,6 +25,7 @@ class Tokens:
     def __init__(self, hf):
         self._hf = hf
         self._pieces: dict[int, str] = {}
+        self.bound = TokenBound.of(hf)
 
     def piece(self, token_id: int) -> str:
         """The token decoded alone (a part of a multi-byte character decodes to U+FFFD)."""
@@ -45,6 +49,34 @@ class Tokens:
         return list(self._hf.convert_ids_to_tokens(ids))
 
 
+def tokenizer_info(hf, chat_template: str) -> dict:
+    """vLLM's /tokenizer_info: the tokenizer's configuration (its init_kwargs, as
+    tokenizer_config.json holds them, without file paths), its class, and the chat template
+    the gateway renders chats with. lm-eval's remote tokenizer reads eos_token, bos_token,
+    pad_token and chat_template from it."""
+    config = {k: v for k, v in (getattr(hf, "init_kwargs", None) or {}).items()
+              if k not in ("vocab_file", "merges_file")}
+    for name in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        config.setdefault(name, getattr(hf, name, None))
+    config = _plain(config)
+    config["tokenizer_class"] = type(hf).__name__
+    config["chat_template"] = chat_template
+    return config
+
+
+def _plain(obj):
+    """JSON's types: a special token (AddedToken) as its text, other objects as str."""
+    if hasattr(obj, "content"):
+        return obj.content
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
 def tokenize(tokens: Tokens, body: dict, render: Callable[..., str],
              max_model_len: int) -> dict:
     """`render(messages, add_generation_prompt)`: the chat template."""
@@ -58,10 +90,19 @@ def tokenize(tokens: Tokens, body: dict, render: Callable[..., str],
         text = render(fields.messages(body["messages"]),
                       get(body, "add_generation_prompt", BOOL, True))
         special = False  # the template holds the special tokens
+    param = "prompt" if "prompt" in body else "messages"
+    _fits(tokens.bound.at_least(text), "at least ", max_model_len, param)
     ids = tokens.encode(text, get(body, "add_special_tokens", BOOL, special))
+    _fits(len(ids), "", max_model_len, param)
     strs = tokens.token_strs(ids) if get(body, "return_token_strs", BOOL, False) else None
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
             "token_strs": strs}
+
+
+def _fits(count: int, how: str, max_model_len: int, param: str) -> None:
+    if count > max_model_len:
+        raise ApiError(400, f"{param} is {how}{count} tokens, more than max_model_len "
+                            f"{max_model_len}", param)
 
 
 def detokenize(tokens: Tokens, body: dict) -> dict:

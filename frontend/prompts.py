@@ -1,0 +1,43 @@
+"""The frontend's half that turns a Generate's text prompt into ids off its loop: what the
+tokenizing thread runs, and what the loop does with its results (frontend/tokenizing.py).
+
+Mixed into Frontend (process.py), whose state it shares: `tokenizer`, `info`, `tokenizing`,
+`router`, `core_dead`, `_admit` and `_error`.
+"""
+from __future__ import annotations
+
+import logging
+
+from core.ipc.protocol import Delta, Generate
+from frontend.core_side import CORE_DIED
+from frontend.tokenizing import Job
+from frontend.validate import InvalidRequest, check_prompt_ids
+
+log = logging.getLogger("frontend")
+
+
+class PromptSide:
+    def _tokenize(self, msg: Generate) -> list[int]:
+        """On the tokenizing thread: the prompt's ids, checked against the model."""
+        ids = self.tokenizer.encode(msg.prompt, msg.add_special_tokens)
+        check_prompt_ids(ids, self.info, msg.max_tokens if msg.max_tokens_must_fit else None)
+        return ids
+
+    def _on_tokenized(self) -> None:
+        """On the loop: answer or admit every prompt the thread has finished."""
+        for job in self.tokenizing.done():
+            rid = job.msg.request_id
+            if isinstance(job.error, InvalidRequest):
+                self._error(job.ident, rid, job.error.code, str(job.error), job.error.field)
+            elif job.error is not None:
+                log.error("tokenizing request %r failed: %r", rid, job.error)
+                self._error(job.ident, rid, 500, "the tokenizer failed on this prompt")
+            elif self.core_dead:
+                self._error(job.ident, rid, 503, CORE_DIED)
+            else:   # accepted before a drain began: in flight, as the drain lets finish
+                self._admit(job.ident, job.msg, job.ids)
+
+    def _abort_pending(self, jobs: list[Job | None]) -> None:
+        """Each cancelled job's final reply, as an aborted request's (no tokens yet)."""
+        for job in filter(None, jobs):
+            self.router.send(job.ident, Delta(job.msg.request_id, "", [], "abort"))

@@ -1,0 +1,144 @@
+"""The frontend's tokenizing, off its loop: one thread, one queue per client, clients served
+fairly by the characters they queue.
+
+A text prompt is tokenized (and its ids checked) by the thread; the `tokenizers` library
+lets go of the GIL while it works, so the loop goes on forwarding everyone's tokens. The
+queues are served by start-time fair queuing: a prompt starts (virtually) when its client's
+previous one finishes, or at the start of the prompt in service if that is later, and
+finishes its length in characters later; the earliest start goes next, the earliest
+finish among equal starts. A short prompt from a client with nothing queued is therefore
+next, however many long ones others queued: it waits for the prompt in service only, and
+a client that queued much waits behind those that queued little. Before a prompt is queued
+the loop has refused one that cannot fit (token_bound.py), so one prompt is at most
+L x max_model_len bytes of work, and each queued prompt counts toward its client's
+--max-inflight-per-client: what one client can queue is bounded.
+
+The loop owns the jobs by key (submit, cancel, drop, done); the thread sees only the queues
+and the finished list, under the lock, and calls `notify` (the loop's Wakeup) after each job.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.ipc.protocol import Generate
+
+log = logging.getLogger("frontend")
+
+
+@dataclass
+class Job:
+    ident: bytes
+    msg: Generate
+    ids: list[int] | None = None
+    error: Exception | None = None   # InvalidRequest (a 400) or what the tokenizer raised
+
+    @property
+    def key(self) -> tuple[bytes, str]:
+        return self.ident, self.msg.request_id
+
+
+class TokenizeQueue:
+    def __init__(self, tokenize: Callable[[Generate], list[int]], notify: Callable[[], None]):
+        """`tokenize(msg)`: the prompt's checked ids, or raises; runs on the thread."""
+        self._tokenize, self._notify = tokenize, notify
+        self._cv = threading.Condition()
+        self._queues: dict[bytes, deque[tuple[int, int, Job]]] = {}   # (start, finish, job)
+        self._vtime = 0   # the start of the prompt in service
+        self._finished: list[Job] = []
+        self._closed = False
+        self._jobs: dict[tuple[bytes, str], Job] = {}   # the loop's: queued or running
+        self._per_client: dict[bytes, int] = {}
+        self._thread = threading.Thread(target=self._run, name="tokenize", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ the loop's side
+
+    def submit(self, ident: bytes, msg: Generate) -> None:
+        job = Job(ident, msg)
+        self._jobs[job.key] = job
+        self._per_client[ident] = self._per_client.get(ident, 0) + 1
+        with self._cv:
+            queue = self._queues.setdefault(ident, deque())
+            start = max(queue[-1][1] if queue else 0, self._vtime)
+            queue.append((start, start + len(msg.prompt) + 1, job))
+            self._cv.notify()
+
+    def has(self, ident: bytes, request_id: str) -> bool:
+        return (ident, request_id) in self._jobs
+
+    def count_of(self, ident: bytes) -> int:
+        return self._per_client.get(ident, 0)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def cancel(self, ident: bytes, request_id: str) -> Job | None:
+        """Forget a job (its result, if it comes, is dropped); the job, or None."""
+        job = self._jobs.pop((ident, request_id), None)
+        if job is not None:
+            self._forget(job)
+            with self._cv:
+                queue = self._queues.get(ident, ())
+                for entry in [e for e in queue if e[2] is job]:
+                    queue.remove(entry)
+                if not queue:
+                    self._queues.pop(ident, None)
+        return job
+
+    def drop(self, ident: bytes) -> list[Job]:
+        """Cancel every job of a client."""
+        return [self.cancel(ident, rid) for i, rid in list(self._jobs) if i == ident]
+
+    def drop_all(self) -> list[Job]:
+        return [self.cancel(i, rid) for i, rid in list(self._jobs)]
+
+    def done(self) -> list[Job]:
+        """The finished jobs not cancelled meanwhile, in the order they finished."""
+        with self._cv:
+            finished, self._finished = self._finished, []
+        out = [j for j in finished if self._jobs.get(j.key) is j]
+        for job in out:
+            del self._jobs[job.key]
+            self._forget(job)
+        return out
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(5)
+
+    def _forget(self, job: Job) -> None:
+        left = self._per_client.pop(job.ident) - 1
+        if left:
+            self._per_client[job.ident] = left
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while (job := self._next()) is not None:
+            try:
+                job.ids = self._tokenize(job.msg)
+            except Exception as e:  # noqa: BLE001  (the loop answers it)
+                job.error = e
+            with self._cv:
+                self._finished.append(job)
+            self._notify()
+
+    def _next(self) -> Job | None:
+        """The queued job that starts first (each client's first does, of its own)."""
+        with self._cv:
+            while not self._queues and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return None
+            ident = min(self._queues, key=lambda i: self._queues[i][0][:2])
+            queue = self._queues[ident]
+            self._vtime, _, job = queue.popleft()
+            if not queue:
+                del self._queues[ident]
+            return job

