@@ -47,7 +47,8 @@ class CoreSide:
         stalled = isinstance(r, LocalReplica) and not r.dead()
         log.error("%s replica %d's core (pid %d) %s: %d request(s) in flight",
                   "joined" if r.joined else "local", r.index, r.pids["core"],
-                  "fell silent (stopped?)" if stalled else "died or left", len(mine))
+                  f"fell silent ({r.silence.quiet_s():.1f} s: stopped?)" if stalled
+                  else "died or left", len(mine))
         if isinstance(r, LocalReplica):
             if not stalled:   # a stopped core keeps its pipe: what it reads next is in order
                 self.poller.unregister(r.core_out.sock)

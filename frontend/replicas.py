@@ -138,7 +138,12 @@ class LocalReplica(Replica):
         return False
 
     def _gone(self) -> bool:
-        return self.dead() or self.silent()
+        return self.dead() or (self.silent() and not self._unread())
+
+    def _unread(self) -> bool:
+        """Frames wait in its socket: the frontend, not the core, is behind (its own
+        socket, so another replica's traffic cannot hide this one's silence)."""
+        return bool(self.core_out.sock.get(zmq.EVENTS) & zmq.POLLIN)
 
     def dead(self) -> bool:
         pid = self.pids.get("core")

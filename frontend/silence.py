@@ -43,5 +43,9 @@ class Silence:
         """A Leave: silent for good."""
         self._heard = float("-inf")
 
+    def quiet_s(self) -> float:
+        """Awake seconds since the core was last heard from."""
+        return self._clock.now() - self._heard
+
     def silent(self) -> bool:
-        return self._clock.now() - self._heard > SILENCE_S
+        return self.quiet_s() > SILENCE_S
