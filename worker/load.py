@@ -78,6 +78,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     import torch
 
     from worker import kv
+    from worker.digest import weights_digest
     from worker.malloc import keep_heap
     from worker.runner import ModelRunner
 
@@ -98,7 +99,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path), tp=tp,
-                     batch_invariant=batch_invariant, checkpoint=checkpoint)
+                     batch_invariant=batch_invariant, checkpoint=checkpoint,
+                     weights=weights_digest(hf))
     runner = ModelRunner(hf, cache, info)
     runner.probe()
     return runner
