@@ -4,11 +4,31 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass
 
-from core.engine import Engine
+from core.engine import INT32_MAX, Engine
 from core.ipc.protocol import ModelInfo
 from core.logrecords import FORMAT
 from core.sched import (Chunked, FreeListBlocks, PrefixCacheBlocks, SchedPolicy, Scheduler,
                         SchedulerConfig, WholePrompt)
+
+# The KV layout an engine runs with (its worker's pool, or a step log's meta at replay): a
+# slot (block * block_size + offset) and a position (< max_model_len) travel as int32
+# (core/batch.py), and the scheduler keeps every free block id as a Python int (~36 bytes
+# each), so the pool is bounded in blocks too: 2**24 is ~0.6 GB of core memory.
+MAX_NUM_BLOCKS = 1 << 24
+MAX_SLOTS = INT32_MAX + 1
+
+
+def layout_problem(num_blocks: int, block_size: int, max_model_len: int) -> str | None:
+    """Why a KV pool of num_blocks blocks of block_size tokens serving max_model_len
+    positions is not one the engine runs, or None."""
+    if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
+        return f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}"
+    if not 1 <= block_size <= MAX_SLOTS // num_blocks:
+        return (f"block_size must be in [1, {MAX_SLOTS // num_blocks}] (num_blocks x"
+                f" block_size at most 2**31), got {block_size}")
+    if not 1 <= max_model_len <= INT32_MAX:
+        return f"max_model_len must be in [1, 2**31), got {max_model_len}"
+    return None
 
 
 @dataclass(frozen=True)

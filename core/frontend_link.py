@@ -3,8 +3,9 @@
 Beside its frontend the core binds a PULL (requests in) and a PUSH (events out) that the
 frontend connects to. A replica that joins a frontend elsewhere (scripts/serve --join)
 instead connects one DEALER to the frontend's --replica-address, so that only the frontend
-listens; it says Beat every BEAT_S (the frontend cannot see its pid, so silence is how a
-dead replica is noticed) and Leave when it stops.
+listens, and says Leave when it stops. Every core says Beat every BEAT_S, mid-step too: a
+core that stops (SIGSTOP, a stuck machine) says nothing, and its silence is how the
+frontend notices it (a joined core's pid names nothing here; a stopped local one is alive).
 """
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ class FrontendLink:
             self.fe_out = Channel(ctx, zmq.PUSH, frontend_out, bind=True, unbounded=True)
 
     def beat(self) -> None:
-        """Beat when one is due (joined replicas only); IMMEDIATE drops it while no
-        frontend is connected, so beats never pile up for a frontend that is down."""
-        if not self.joined or time.monotonic() < self._next_beat:
+        """Beat when one is due. A joined core's IMMEDIATE drops it while no frontend is
+        connected, and a bound PUSH does not queue without a peer, so beats never pile up
+        for a frontend that is down."""
+        if time.monotonic() < self._next_beat:
             return
         self._next_beat = time.monotonic() + BEAT_S
         self.fe_out.try_send(Beat(os.getpid()))

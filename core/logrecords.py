@@ -32,6 +32,12 @@ def json_column():
     return field(metadata={_JSON: True})
 
 
+# A clock column holds Unix seconds (wall times) or milliseconds (durations), which stay in
+# [0, MAX_CLOCK) (2**32 s is the year 2106; 2**32 ms, 50 days a step); replay holds a log
+# to it (a clock of 1e300 overflowed the what-if fit).
+MAX_CLOCK = 2.0 ** 32
+
+
 def clock_column():
     """A field that says when or how long, not what happened: two runs of the same
     inputs differ in it (replay/diff.py ignores it)."""

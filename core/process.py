@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 
 import zmq
 
@@ -114,8 +115,11 @@ class CoreLoop:
                 self.step()
 
     def announce(self) -> None:
-        """CoreReady to the frontend (dropped if none is connected: it says Hello)."""
-        self.send(CoreReady(info=self.info, pid=os.getpid(), worker_pid=self.worker.pid))
+        """CoreReady to the frontend (dropped if none is connected: it says Hello), with
+        the context this core's scheduler takes (--max-model-len may cut the worker's)."""
+        info = replace(self.info, max_model_len=self.engine.sched.cfg.max_model_len)
+        self.send(CoreReady(info=info, pid=os.getpid(), worker_pid=self.worker.pid,
+                            epoch=self.frontend.epoch))
 
     def send(self, msg) -> None:
         if not self.fe_out.try_send(msg):
@@ -123,15 +127,16 @@ class CoreLoop:
 
     def drain_inputs(self, block_ms: int) -> None:
         self.link.beat()
-        if self.link.joined:
-            block_ms = min(block_ms, int(BEAT_S * 1000))
+        block_ms = min(block_ms, int(BEAT_S * 1000))
         inbox, self._inbox = self._inbox, []
         for msg, received in inbox:
             self.handle(msg, received)
+            self.link.beat()    # thousands of inputs must not silence the core
         if not inbox and not self.fe_in.poll(block_ms):
             return
         for msg in self.read_inputs():
             self.handle(msg)
+            self.link.beat()
 
     def read_inputs(self) -> list:
         """Every frontend message waiting now, without blocking."""
@@ -169,11 +174,12 @@ class CoreLoop:
             raise Refused(msg.reason)
 
     def hello(self, msg: Hello) -> None:
-        """A new frontend: the requests of the one before it have nobody to answer to. A
-        repeated Hello from the same frontend (a joined replica may be greeted twice) only
+        """A new frontend, or a new epoch of ours (it dropped this replica, stalled or
+        silent, and takes it back as a fresh one): the requests held have nobody to answer
+        to, or run elsewhere now. A repeated Hello (a replica may be greeted twice) only
         gets CoreReady again."""
-        if self.frontend.greet(msg.pid):
-            self.orphan(f"frontend {msg.pid} connected")
+        if self.frontend.greet(msg.pid, msg.epoch):
+            self.orphan(f"frontend {msg.pid} greeted this core in epoch {msg.epoch}")
         self.announce()
         if self.link.joined:
             print(f"JOINED {self.cfg.join}", flush=True)   # scripts/serve --join waits for it
@@ -201,6 +207,10 @@ class CoreLoop:
         if refusal is not None:
             self.send(Rejected(fid=msg.fid, code=503, message=refusal))
             return
+        held = self.seq_of.get(msg.fid)
+        if held is not None:   # never two sequences under one fid: the newest is the live one
+            _log(f"request {msg.fid} sent again: aborting its earlier copy")
+            self.drop(held)
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
         try:
             seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,

@@ -31,7 +31,7 @@ class CoreSide:
         the other socket). A core answers a repeated Hello from us with CoreReady alone."""
         for r in self.replicas:
             if isinstance(r, LocalReplica) and not r.up:
-                r.send(Hello(os.getpid()))
+                r.send(Hello(os.getpid(), r.epoch))
 
     def _check_cores(self) -> None:
         for r in self.replicas:
@@ -40,16 +40,22 @@ class CoreSide:
 
     def _replica_died(self, r: Replica) -> None:
         """Its requests run again on a live replica; with none left, they get 503. A local
-        replica's core is restarted by serve (Hello: its CoreReady brings it back); a
-        joined one is forgotten (a new core joins as a new replica)."""
+        replica is greeted in a new epoch: its core, restarted by serve or resumed from a
+        stop, aborts whatever it held and answers CoreReady, which brings it back. A joined
+        one is forgotten (its core, restarted or resumed, joins as a new replica)."""
         mine = [st for st in self.inflight if st.replica == r.index]
-        log.error("%s replica %d's core (pid %d) died or left: %d request(s) in flight",
-                  "joined" if r.joined else "local", r.index, r.pids["core"], len(mine))
+        stalled = isinstance(r, LocalReplica) and not r.dead()
+        log.error("%s replica %d's core (pid %d) %s: %d request(s) in flight",
+                  "joined" if r.joined else "local", r.index, r.pids["core"],
+                  f"fell silent ({r.silence.quiet_s():.1f} s: stopped?)" if stalled
+                  else "died or left", len(mine))
         if isinstance(r, LocalReplica):
-            self.poller.unregister(r.core_out.sock)
-            r.reopen()
-            self.poller.register(r.core_out.sock, zmq.POLLIN)
-            r.send(Hello(os.getpid()))
+            if not stalled:   # a stopped core keeps its pipe: what it reads next is in order
+                self.poller.unregister(r.core_out.sock)
+                r.reopen()
+                self.poller.register(r.core_out.sock, zmq.POLLIN)
+            r.epoch = self._new_epoch()
+            r.send(Hello(os.getpid(), r.epoch))
         else:
             self.joins.forget(r)
         for st in mine:
@@ -67,7 +73,12 @@ class CoreSide:
             self._error(st.ident, st.request_id, 503, CORE_DIED)
 
     def _on_core(self, r: Replica, msg) -> None:
-        if isinstance(msg, StepEvents):
+        r.heard()
+        if isinstance(msg, CoreReady):
+            self._on_ready(r, msg)
+        elif not r.up or isinstance(msg, Beat):
+            return   # a dropped core's last words: its requests run elsewhere now
+        elif isinstance(msg, StepEvents):
             self._on_events(r, msg)
         elif isinstance(msg, Rejected):
             st = self._mine(r, msg.fid)
@@ -78,8 +89,6 @@ class CoreSide:
             answered = self.stats_queries.answer(r, msg)
             if answered is not None:
                 self.router.send(*answered)
-        elif isinstance(msg, CoreReady):
-            self._on_ready(r, msg)
 
     def _on_join_frame(self, item) -> None:
         ident, msg = item
@@ -91,8 +100,8 @@ class CoreSide:
             else:
                 self._on_core(r, msg)
         elif isinstance(msg, Beat):
-            self.joins.greet(ident, os.getpid())
-        elif isinstance(msg, CoreReady) and self.joins.greeted(ident):
+            self.joins.greet(ident, os.getpid(), self._new_epoch)
+        elif isinstance(msg, CoreReady) and self.joins.answers_greeting(ident, msg):
             self._join(ident, msg)
 
     def _join(self, ident: bytes, msg: CoreReady) -> None:
@@ -101,7 +110,7 @@ class CoreSide:
             log.error("refused the replica of core pid %d: %s", msg.pid, why)
             self.joins.router.send(ident, JoinRefused(why))
             return
-        r = self.joins.add(ident, len(self.replicas))
+        r = self.joins.add(ident, len(self.replicas), msg.epoch)
         self.replicas.append(r)
         log.info("replica %d joined (core pid %d, worker pid %d)", r.index, msg.pid,
                  msg.worker_pid)
@@ -137,8 +146,10 @@ class CoreSide:
             self._send_delta(st.ident, out.delta)
 
     def _on_ready(self, r: Replica, msg: CoreReady) -> None:
+        if msg.epoch != r.epoch:
+            return   # not the answer to our last Hello: it may still hold older requests
         if r.up and r.pids.get("core") == msg.pid:
-            return   # an answer to a repeated Hello
+            return   # an answer to a repeated Hello, or a new worker
         r.ready(msg)
         if self.info is not None:
             log.info("replica %d's core is ready (core pid %d, worker pid %d)", r.index,

@@ -2,8 +2,11 @@
 (scripts/serve --join), beat, and leave or fall silent (docs/DESIGN.md, "Joined replicas").
 
 A joining core connects a DEALER here and beats. An unknown core that beats is greeted with
-Hello (at most every GREET_S); its CoreReady makes it a JoinedReplica, unless it serves
-another model, which is answered JoinRefused.
+Hello in an epoch of its own (again at most every GREET_S, in the same epoch); its CoreReady
+for that epoch makes it a JoinedReplica, unless it cannot stand in for the frontend's own
+(frontend/replicas.py same_model), which is answered JoinRefused. A core that was dropped
+(silent) and beats again is unknown by then: the new epoch makes it abort what it held
+before it is routed to.
 """
 from __future__ import annotations
 
@@ -12,19 +15,22 @@ import time
 import zmq
 
 from core.ipc.channel import Router, RouterError
-from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Beat, Hello, Leave, ProtocolError)
+from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES, Hello, Leave, ProtocolError
 from frontend.replicas import CORE_TYPES, JoinedReplica
+from frontend.silence import AwakeClock, Silence
 
 GREET_S = 2.0
 
 
 class Joins:
-    def __init__(self, ctx: zmq.Context, address: str, max_frame_bytes: int):
-        self.router = Router(ctx, address, accept=(*CORE_TYPES, Beat, Leave),
+    def __init__(self, ctx: zmq.Context, address: str, max_frame_bytes: int,
+                 clock: AwakeClock):
+        self.router = Router(ctx, address, accept=(*CORE_TYPES, Leave),
                              max_bytes=max(max_frame_bytes, DEFAULT_MAX_FRAME_BYTES))
         self.address = self.router.address
+        self._clock = clock
         self._by_ident: dict[bytes, JoinedReplica] = {}
-        self._greeted: dict[bytes, float] = {}
+        self._greeted: dict[bytes, tuple[float, int]] = {}   # ident -> (when, epoch)
 
     def recv(self, flags: int = 0) -> tuple[bytes, object]:
         """(identity, message); a bad frame is a ProtocolError, as from a local core."""
@@ -39,19 +45,24 @@ class Joins:
             r.heard()
         return r
 
-    def greet(self, ident: bytes, pid: int) -> None:
-        """Hello to a new core that beats (it answers CoreReady)."""
+    def greet(self, ident: bytes, pid: int, new_epoch) -> None:
+        """Hello to a new core that beats (it answers CoreReady); `new_epoch()` gives the
+        epoch of its first greeting."""
         now = time.monotonic()
-        if now - self._greeted.get(ident, -GREET_S) >= GREET_S:
-            self._greeted[ident] = now
-            self.router.send(ident, Hello(pid))
+        when, epoch = self._greeted.get(ident, (-GREET_S, None))
+        if now - when >= GREET_S:
+            epoch = new_epoch() if epoch is None else epoch
+            self._greeted[ident] = (now, epoch)
+            self.router.send(ident, Hello(pid, epoch))
 
-    def greeted(self, ident: bytes) -> bool:
-        return ident in self._greeted
+    def answers_greeting(self, ident: bytes, msg) -> bool:
+        """`msg` is the CoreReady that answers our Hello (not one from before it)."""
+        return self._greeted.get(ident, (0, None))[1] == msg.epoch
 
-    def add(self, ident: bytes, index: int) -> JoinedReplica:
+    def add(self, ident: bytes, index: int, epoch: int) -> JoinedReplica:
         self._greeted.pop(ident, None)
-        r = self._by_ident[ident] = JoinedReplica(index, self.router, ident)
+        r = self._by_ident[ident] = JoinedReplica(index, self.router, ident,
+                                                  Silence(self._clock), epoch)
         return r
 
     def forget(self, r: JoinedReplica) -> None:

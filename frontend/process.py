@@ -32,6 +32,7 @@ from frontend.replicas import LocalReplica, Replica, least_loaded
 from frontend.request import RequestState
 from frontend.salvage import peek_request_id
 from frontend.sampling import failover_seed, sampling_of
+from frontend.silence import AwakeClock, Silence
 from frontend.token_bound import check_prompt_text
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizing import TokenizeQueue
@@ -65,11 +66,15 @@ class Frontend(CoreSide, PromptSide):
         self._ctx = zmq.Context()
         self.router = Router(self._ctx, cfg.address, accept=CLIENT_TYPES,
                              max_bytes=cfg.max_frame_bytes)
+        self.clock = AwakeClock()
+        # with somewhere to re-run them, a stopped core's requests do not wait for it
+        self.several = len(cfg.cores) > 1 or cfg.replica_address is not None
         self.replicas: list[Replica] = [
-            LocalReplica(self._ctx, k, core_in, core_out, cfg.max_frame_bytes)
+            LocalReplica(self._ctx, k, core_in, core_out, cfg.max_frame_bytes,
+                         Silence(self.clock) if self.several else None)
             for k, (core_in, core_out) in enumerate(cfg.cores)]
         self.joins = (None if cfg.replica_address is None else
-                      Joins(self._ctx, cfg.replica_address, cfg.max_frame_bytes))
+                      Joins(self._ctx, cfg.replica_address, cfg.max_frame_bytes, self.clock))
         self.poller = zmq.Poller()
         self.wakeup = Wakeup()
         self.info: ModelInfo | None = None
@@ -78,6 +83,7 @@ class Frontend(CoreSide, PromptSide):
         self.inflight = Inflight()
         self.tokenizing = TokenizeQueue(self._tokenize, self.wakeup.poke)
         self._next_fid = 0      # one counter for every replica: a fid names one request
+        self._next_epoch = 1    # Hello's epochs (core/ipc/protocol.py); local replicas start at 0
         self.stats_queries = StatsQueries(CORE_DIED)
         self._stop_signals = 0
         self._drain_deadline: float | None = None
@@ -96,7 +102,7 @@ class Frontend(CoreSide, PromptSide):
 
     def run(self) -> int:
         for r in self.replicas:
-            r.send(Hello(os.getpid()))  # queued until the core's socket is there
+            r.send(Hello(os.getpid(), r.epoch))  # queued until the core's socket is there
             self.poller.register(r.core_out.sock, zmq.POLLIN)
         Tokenizer.preload()  # imports transformers while the cores are still starting
         poller = self.poller
@@ -107,6 +113,7 @@ class Frontend(CoreSide, PromptSide):
         next_beat = time.monotonic() + HEARTBEAT_S
         next_check = time.monotonic() + CORE_CHECK_S
         while True:
+            self.clock.tick()
             now = time.monotonic()
             if now >= next_beat:
                 self._heartbeat()
@@ -230,8 +237,7 @@ class Frontend(CoreSide, PromptSide):
 
     def _admit(self, ident: bytes, msg: Generate, ids) -> None:
         st = self._state(ident, msg, ids)
-        several = len(self.replicas) > 1 or self.joins is not None
-        seed = failover_seed(msg, ident) if several else None
+        seed = failover_seed(msg, ident) if self.several else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
                             sampling_of(msg, seed), msg.ignore_eos, msg.user)
         if not self._dispatch(st):
@@ -246,6 +252,10 @@ class Frontend(CoreSide, PromptSide):
         st.replica = r.index
         r.load += st.outstanding()
         return True
+
+    def _new_epoch(self) -> int:
+        epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        return epoch
 
     def _state(self, ident: bytes, msg: Generate, ids) -> RequestState:
         stop_ids = frozenset(msg.stop_token_ids or ())

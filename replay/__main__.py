@@ -25,13 +25,12 @@ def _context(log: LogFile, step: int, around: int = 2) -> str:
 def cmd_verify(a) -> int:
     from replay.verify import verify
     log = LogFile(a.file)
-    if log.num_steps() == 0:
-        raise DamagedLog(f"{a.file}: the log holds no steps, so there is nothing to verify")
     for w in log.version_warnings():
         print(f"warning: {w}", file=sys.stderr)
     runner = None
     if a.with_model:
         from replay.model import ModelUnavailable, runner_for, tp_warning
+        log.check_steps()
         if w := tp_warning(log.meta):
             print(f"warning: {w}", file=sys.stderr)
         try:

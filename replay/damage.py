@@ -3,6 +3,10 @@ type it must have, and raises DamagedLog naming where it was and what was wrong.
 from __future__ import annotations
 
 import json
+import math
+from operator import itemgetter
+
+from core.logrecords import MAX_CLOCK
 
 
 class DamagedLog(Exception):
@@ -15,17 +19,27 @@ def _show(v) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
-def integer(v, where: str, minimum: int | None = None) -> int:
+def integer(v, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
     if type(v) is not int:
         raise DamagedLog(f"{where} is {_show(v)}, not an integer")
     if minimum is not None and v < minimum:
         raise DamagedLog(f"{where} is {v}, less than {minimum}")
+    if maximum is not None and v > maximum:
+        raise DamagedLog(f"{where} is {_show(v)}, more than {maximum}")
     return v
 
 
 def number(v, where: str) -> float:
-    if type(v) not in (int, float):
-        raise DamagedLog(f"{where} is {_show(v)}, not a number")
+    """A finite number: the engine logs no inf or NaN (clocks, bounded sampling values)."""
+    if type(v) not in (int, float) or (type(v) is float and not math.isfinite(v)):
+        raise DamagedLog(f"{where} is {_show(v)}, not a finite number")
+    return v
+
+
+def clock(v, where: str) -> float:
+    """A clock column's value (core/logrecords.py)."""
+    if not 0 <= number(v, where) < MAX_CLOCK:
+        raise DamagedLog(f"{where} is {_show(v)}, outside [0, 2**32)")
     return v
 
 
@@ -42,7 +56,8 @@ def boolean(v, where: str) -> bool:
 
 
 def one_of(v, where: str, choices) -> str:
-    if v not in choices:
+    """One of a set of names."""
+    if type(v) is not str or v not in choices:
         raise DamagedLog(f"{where} is {_show(v)}, not one of {', '.join(sorted(choices))}")
     return v
 
@@ -59,6 +74,8 @@ def parsed(v, where: str):
         return json.loads(v)
     except ValueError as e:
         raise DamagedLog(f"{where} is not JSON ({e})") from None
+    except RecursionError:  # no column the engine writes nests more than three deep
+        raise DamagedLog(f"{where} is JSON nested too deeply") from None
 
 
 def mapping(v, where: str, required=()) -> dict:
@@ -70,14 +87,17 @@ def mapping(v, where: str, required=()) -> dict:
     return v
 
 
-def int_list(v, where: str, minimum: int | None = None) -> list[int]:
+def int_list(v, where: str, minimum: int | None = None,
+             maximum: int | None = None) -> list[int]:
     if type(v) is not list:
         raise DamagedLog(f"{where} is {_show(v)}, not a list")
     if not set(map(type, v)) <= {int}:  # the usual case checked at C speed
         for x in v:
             integer(x, f"{where} item")
-    if minimum is not None and v and min(v) < minimum:
-        integer(min(v), f"{where} item", minimum)
+    if v and ((minimum is not None and min(v) < minimum)
+              or (maximum is not None and max(v) > maximum)):
+        for x in v:
+            integer(x, f"{where} item", minimum, maximum)
     return v
 
 
@@ -92,3 +112,13 @@ def rows(v, where: str, kinds: tuple) -> list[list]:
     bad = next(row for row in v if type(row) is not list or tuple(map(type, row)) != kinds)
     names = ", ".join(k.__name__ for k in kinds)
     raise DamagedLog(f"{where} holds {_show(bad)}, not [{names}]")
+
+
+def within(v: list[list], where: str, column: int, name: str, lo: int, hi: int) -> None:
+    """Every row's value in `column` (named `name`) in [lo, hi]; the rows' types are
+    rows()'s to check first."""
+    if v:
+        col = list(map(itemgetter(column), v))
+        if min(col) < lo or max(col) > hi:
+            bad = next(row for row in v if not lo <= row[column] <= hi)
+            raise DamagedLog(f"{where} holds {_show(bad)}, its {name} outside [{lo}, {hi}]")

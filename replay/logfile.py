@@ -2,7 +2,6 @@
 so that damage is a DamagedLog naming the file, the place and the fault, never a traceback."""
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ from core.steplog import GAPS, SCHEMA
 
 # logs made before these columns existed lack them
 OPTIONAL_COLUMNS = {("requests", "user"), ("requests", "arrival_time")}
-from replay.damage import DamagedLog
+from replay.damage import DamagedLog, parsed
 from replay.rows import check_meta, gap_message, input_row, prompt_row, request_row, step_row
 
 __all__ = ["DamagedLog", "LogFile", "StepRecord"]
@@ -41,7 +40,7 @@ class LogFile:
             self._check_columns()
             self.meta = self._meta()
             self._check_format()
-            check_meta(self.meta)
+            self.bounds = check_meta(self.meta)
             self._check_gaps()
             self.requests = self._requests()
             self.inputs = self._inputs()
@@ -72,10 +71,7 @@ class LogFile:
     def _meta(self) -> dict:
         meta = {}
         for key, value in self.conn.execute("SELECT key, value FROM meta"):
-            try:
-                meta[key] = json.loads(value)
-            except (TypeError, ValueError):
-                raise DamagedLog(f"meta {key!r} is not JSON") from None
+            meta[key] = parsed(value, f"meta {key!r}")
         return meta
 
     def _check_format(self) -> None:
@@ -98,7 +94,7 @@ class LogFile:
         cols = [c[0] for c in cur.description]
         out = {}
         for row in cur:
-            r = request_row(dict(zip(cols, row)))
+            r = request_row(dict(zip(cols, row)), self.bounds)
             out[r["id"]] = r
         return out
 
@@ -117,7 +113,13 @@ class LogFile:
         """Every StepRecord in step order."""
         with self._reading():
             for row in self.conn.execute(select_sql(StepRecord)):
-                yield step_row(row, self.requests)
+                yield step_row(row, self.requests, self.bounds)
+
+    def check_steps(self) -> None:
+        """Read every step (a damaged one raises DamagedLog): before loading a model that
+        would only run until the damage."""
+        for _ in self.steps():
+            pass
 
     def prompt_logprobs(self) -> dict[int, dict[int, tuple[int, list]]]:
         """step -> {seq_id: (first position, entries)}; {} for a log from before prompt
@@ -127,7 +129,7 @@ class LogFile:
             return out
         with self._reading():
             for row in self.conn.execute(select_sql(PromptLogprobsRecord)):
-                r = prompt_row(row, self.requests)
+                r = prompt_row(row, self.requests, self.bounds)
                 out.setdefault(r.step, {})[r.request_id] = (r.first, r.entries)
         return out
 

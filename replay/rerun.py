@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from core.config import engine_from_meta
 from core.ipc.protocol import SamplingParams
-from core.sched import Request, TokenEvent
-from replay.logfile import LogFile
+from core.sched import AdmitError, Request, TokenEvent
+from replay.logfile import DamagedLog, LogFile
 
 
 @dataclass
@@ -44,8 +44,12 @@ def rerun(log: LogFile, seq_id: int, runner) -> Rerun:
     s = dict(r["sampling"])
     ignore_eos = s.pop("ignore_eos", False)
     engine = engine_from_meta(log.meta, runner)
-    engine.add(Request(list(r["prompt_tokens"]), max(1, len(logged)), r["priority"]),
-               SamplingParams(**s), ignore_eos=ignore_eos)
+    try:
+        engine.add(Request(list(r["prompt_tokens"]), max(1, len(logged)), r["priority"]),
+                   SamplingParams(**s), ignore_eos=ignore_eos)
+    except AdmitError as e:
+        raise DamagedLog(f"{log.path}: request {seq_id} cannot run again: an engine"
+                         f" configured as the log's refuses it ({e})") from None
     again = []
     while engine.sched.has_unfinished():
         again += [ev.token for ev in engine.step() if isinstance(ev, TokenEvent)]
@@ -59,6 +63,7 @@ def main(log: LogFile, seq_id: int, device: str | None = None, dtype: str | None
     if seq_id not in log.requests:
         print(f"error: request {seq_id} is not in this log", file=sys.stderr)
         return 2
+    log.check_steps()
     try:
         runner = runner_for(log.meta, device, dtype)
     except ModelUnavailable as e:

@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import fields
 from operator import itemgetter
 
-from core.logrecords import PromptLogprobsRecord, StepRecord, is_json
+from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
-from replay.damage import (DamagedLog, boolean, int_list, integer, mapping, number, one_of,
-                           optional, parsed, rows, text)
+from replay.bounds import Bounds, check_request, meta_bounds
+from replay.damage import (DamagedLog, boolean, clock, int_list, integer, mapping, number,
+                           one_of, optional, parsed, rows, text, within)
 
 # stop: a stop string ended it; abandon: an overlapped step dropped unlaunched (core/overlap.py)
 INPUT_KINDS = {"add", "abort", "stop", "restart", "abandon"}
@@ -22,10 +23,15 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
+# model_info's other keys (older logs lack some): how each is read
+MODEL_INFO = {"dtype": text, "device": text, "tokenizer": text, "model": text,
+              "tp": lambda v, w: integer(v, w, 1), "batch_invariant": boolean,
+              "num_blocks": integer, "block_size": integer}
 
 
-def check_meta(meta: dict) -> dict:
-    """The keys replay needs to rebuild the engine, with their types."""
+def check_meta(meta: dict) -> Bounds:
+    """The keys replay needs to rebuild the engine, with their types; the bounds the log's
+    values must keep (replay/bounds.py)."""
     for key in META:
         if key not in meta:
             raise DamagedLog(f"meta has no key {key!r}")
@@ -33,18 +39,22 @@ def check_meta(meta: dict) -> dict:
     integer(meta["block_size"], "meta block_size", 1)
     integer(meta["num_blocks"], "meta num_blocks", 1)
     integer(meta["seed"], "meta seed")
-    info = mapping(meta["model_info"], "meta model_info", ("eos_ids", "max_model_len"))
+    info = mapping(meta["model_info"], "meta model_info",
+                   ("eos_ids", "max_model_len", "vocab_size"))
     int_list(info["eos_ids"], "meta model_info eos_ids")
     integer(info["max_model_len"], "meta model_info max_model_len", 1)
-    mapping(meta.get("versions", {}), "meta versions")
+    for key, read in MODEL_INFO.items():
+        optional(read, info.get(key), f"meta model_info {key}")
+    for key, value in mapping(meta.get("versions", {}), "meta versions").items():
+        optional(text, value, f"meta versions {key}")
     _check_sched_config(mapping(meta["sched_config"], "meta sched_config",
                                 [f.name for f in fields(SchedulerConfig)]))
     pf = mapping(meta["prefill"], "meta prefill", ("kind", "max_chunk"))
     one_of(pf["kind"], "meta prefill kind", {"chunked", "whole"})
     integer(pf["max_chunk"], "meta prefill max_chunk", 1)
-    if type(meta.get("overlap", False)) is not bool:
-        raise DamagedLog(f"meta overlap must be true or false, got {meta['overlap']!r}")
-    return meta
+    for key in ("overlap", "prefix_cache"):
+        boolean(meta.get(key, False), f"meta {key}")
+    return meta_bounds(meta)
 
 
 def _check_sched_config(sc: dict) -> None:
@@ -59,27 +69,29 @@ def _check_sched_config(sc: dict) -> None:
             integer(sc[f.name], where, 1)
 
 
-def request_row(r: dict) -> dict:
+def request_row(r: dict, b: Bounds) -> dict:
     seq_id = integer(r["id"], "a request id", 0)
     w = f"request {seq_id}:"
-    prompt = int_list(parsed(r["prompt_tokens"], f"{w} prompt_tokens"), f"{w} prompt_tokens", 0)
+    prompt = b.tokens(parsed(r["prompt_tokens"], f"{w} prompt_tokens"), f"{w} prompt_tokens")
     if not prompt:
         raise DamagedLog(f"{w} empty prompt")
     out = r["output_tokens"]
-    return {"id": seq_id,
-            "client_request_id": optional(text, r["client_request_id"], f"{w} client_request_id"),
-            "arrival_step": integer(r["arrival_step"], f"{w} arrival_step", 0),
-            "prompt_tokens": prompt,
-            "max_tokens": integer(r["max_tokens"], f"{w} max_tokens", 1),
-            "priority": integer(r["priority"], f"{w} priority"),
-            "sampling": _sampling(parsed(r["sampling"], f"{w} sampling"), f"{w} sampling"),
-            "finish_step": optional(integer, r["finish_step"], f"{w} finish_step", 0),
-            "finish_reason": optional(one_of, r["finish_reason"], f"{w} finish_reason",
-                                      FINISH_REASONS),
-            "output_tokens": None if out is None else int_list(
-                parsed(out, f"{w} output_tokens"), f"{w} output_tokens", 0),
-            "user": optional(text, r.get("user"), f"{w} user"),
-            "arrival_time": optional(number, r.get("arrival_time"), f"{w} arrival_time")}
+    row = {"id": seq_id,
+           "client_request_id": optional(text, r["client_request_id"], f"{w} client_request_id"),
+           "arrival_step": integer(r["arrival_step"], f"{w} arrival_step", 0),
+           "prompt_tokens": prompt,
+           "max_tokens": integer(r["max_tokens"], f"{w} max_tokens", 1),
+           "priority": integer(r["priority"], f"{w} priority"),
+           "sampling": _sampling(parsed(r["sampling"], f"{w} sampling"), f"{w} sampling"),
+           "finish_step": optional(integer, r["finish_step"], f"{w} finish_step", 0),
+           "finish_reason": optional(one_of, r["finish_reason"], f"{w} finish_reason",
+                                     FINISH_REASONS),
+           "output_tokens": None if out is None else b.tokens(
+               parsed(out, f"{w} output_tokens"), f"{w} output_tokens"),
+           "user": optional(text, r.get("user"), f"{w} user"),
+           "arrival_time": optional(clock, r.get("arrival_time"), f"{w} arrival_time")}
+    check_request(row, b, w)
+    return row
 
 
 def _sampling(doc, where: str) -> dict:
@@ -103,14 +115,15 @@ def input_row(step, seq, kind, seq_id, requests: dict) -> tuple[int, str, int | 
     return step, kind, seq_id
 
 
-def step_row(row: tuple, requests: dict) -> StepRecord:
+def step_row(row: tuple, requests: dict, b: Bounds) -> StepRecord:
     """A steps row, its columns in StepRecord's order, with every value checked: the step
-    number, then the JSON columns' shapes and the ids they name, then the other columns."""
+    number, then the JSON columns' shapes, bounds and the ids they name, then the other
+    columns."""
     v = dict(zip(_STEP_NAMES, row))
     step = integer(v[StepRecord.key], "a step number", 0)
     w = f"step {step}:"
     for name, shape in _STEP_JSON:
-        v[name] = shape(parsed(v[name], f"{w} {name}"), f"{w} {name}")
+        v[name] = shape(parsed(v[name], f"{w} {name}"), f"{w} {name}", b)
     schedule, outputs = v["schedule"], v["outputs"]
     ids = set(map(_FIRST, schedule["prefill"])).union(
         schedule["decode"], schedule["preempted"], map(_FIRST, outputs))
@@ -119,17 +132,18 @@ def step_row(row: tuple, requests: dict) -> StepRecord:
         raise DamagedLog(f"{w} names request {min(missing)}, which the requests table lacks")
     for name, read in _STEP_SCALARS:
         read(v[name], f"{w} {name}")
+    integer(v["free_blocks"], f"{w} free_blocks", 0, b.num_blocks)
     return StepRecord(**v)
 
 
-def prompt_row(row: tuple, requests: dict) -> PromptLogprobsRecord:
+def prompt_row(row: tuple, requests: dict, b: Bounds) -> PromptLogprobsRecord:
     """A prompt_logprobs row: [logprob, rank, [[token id, logprob], ...]] per position."""
     step, seq_id, first, doc = row
     step = integer(step, "a prompt_logprobs step", 0)
     w = f"prompt logprobs of step {step}:"
     if seq_id not in requests:
         raise DamagedLog(f"{w} names request {_name(seq_id)}, which the requests table lacks")
-    first = integer(first, f"{w} first", 1)
+    first = integer(first, f"{w} first", 1, b.max_model_len)
     entries = parsed(doc, f"{w} entries")
     if type(entries) is not list:
         raise DamagedLog(f"{w} entries is not a list")
@@ -142,23 +156,28 @@ def prompt_row(row: tuple, requests: dict) -> PromptLogprobsRecord:
         for alt in e[2] if type(e[2]) is list else [None]:
             if type(alt) is not list or len(alt) != 2:
                 raise DamagedLog(f"{where} alternatives hold {alt!r:.60}, not [id, logprob]")
-            integer(alt[0], f"{where} alternative id", 0)
+            integer(alt[0], f"{where} alternative id", 0, b.vocab_size - 1)
             number(alt[1], f"{where} alternative logprob")
     return PromptLogprobsRecord(step, seq_id, first, entries)
 
 
-def _schedule(doc, where: str) -> dict:
+def _schedule(doc, where: str, b: Bounds) -> dict:
     mapping(doc, where, ("prefill", "decode", "preempted"))
-    rows(doc["prefill"], f"{where} prefill", (int, int, int, bool))
+    prefill = rows(doc["prefill"], f"{where} prefill", (int, int, int, bool))
+    within(prefill, f"{where} prefill", 1, "start", 0, b.max_model_len)
+    within(prefill, f"{where} prefill", 2, "length", 0, b.max_model_len)
     int_list(doc["decode"], f"{where} decode")
     int_list(doc["preempted"], f"{where} preempted")
     if "cached" in doc:   # prefix-cache hits of the step's admissions
-        rows(doc["cached"], f"{where} cached", (int, int))
+        cached = rows(doc["cached"], f"{where} cached", (int, int))
+        within(cached, f"{where} cached", 1, "tokens", 0, b.max_model_len)
     return doc
 
 
-def _outputs(doc, where: str) -> list:
-    return rows(doc, where, (int, int, bool))
+def _outputs(doc, where: str, b: Bounds) -> list:
+    out = rows(doc, where, (int, int, bool))
+    within(out, where, 1, "token", 0, b.vocab_size - 1)
+    return out
 
 
 # How step_row reads each column of StepRecord: a JSON column by its shape, any other by
@@ -167,8 +186,8 @@ _SHAPES = {"schedule": _schedule, "outputs": _outputs}
 _READERS = {int: lambda v, where: integer(v, where, 0), float: number, str: text}
 _STEP_NAMES = [f.name for f in fields(StepRecord)]
 _STEP_JSON = [(f.name, _SHAPES[f.name]) for f in fields(StepRecord) if is_json(f)]
-_STEP_SCALARS = [(f.name, _READERS[f.type]) for f in fields(StepRecord)
-                 if not is_json(f) and f.name != StepRecord.key]
+_STEP_SCALARS = [(f.name, clock if is_clock(f) else _READERS[f.type])
+                 for f in fields(StepRecord) if not is_json(f) and f.name != StepRecord.key]
 
 
 def gap_message(first, last, records, reason) -> str:

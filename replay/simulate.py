@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.batch import sampled_ids
-from core.config import build_engine
+from core.config import build_engine, layout_problem
 from core.sched import AdmitError, Request, SchedPolicy, Scheduler, SchedulerConfig, StepOutput
 from replay.stepmodel import forward_features
 from replay.timeline import Step
@@ -50,8 +50,9 @@ def scheduler_for(meta: dict, knobs: Knobs) -> Scheduler:
     pick = lambda mine, logged: logged if mine is None else mine  # noqa: E731
     num_blocks = pick(knobs.num_blocks, meta["num_blocks"])
     try:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive int, got {num_blocks}")
+        if why := layout_problem(num_blocks, meta["block_size"],
+                                 meta["model_info"]["max_model_len"]):
+            raise ValueError(why)
         cfg = SchedulerConfig(**sc)
         engine = build_engine(cfg, pick(knobs.prefill, pf["kind"]),
                               pick(knobs.max_chunk, pf["max_chunk"]), meta["block_size"],

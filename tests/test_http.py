@@ -197,6 +197,8 @@ BAD = [
     ("priority word", {"prompt": "x"}, {"X-TL-Priority": "high"}),
     ("priority range", {"prompt": "x"}, {"X-TL-Priority": "1001"}),
     ("priority float", {"prompt": "x"}, {"X-TL-Priority": "1.5"}),
+    ("body priority range beside the header", {"prompt": "x", "priority": 99999},
+     {"X-TL-Priority": "3"}),
 ]
 
 

@@ -15,6 +15,7 @@ import pytest
 from core.ipc.protocol import ModelInfo
 from frontend.client import Client
 from frontend.replicas import JoinedReplica, same_model
+from frontend.silence import AwakeClock, Silence
 from scripts import ROOT
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
@@ -32,13 +33,33 @@ def info(**kw) -> ModelInfo:
 
 
 def test_same_model_compares_what_the_frontend_relies_on():
-    assert same_model(info(), info(num_blocks=99, max_model_len=32)) is None
+    assert same_model(info(), info(num_blocks=99)) is None
     assert "vocab_size" in same_model(info(), info(vocab_size=7))
     assert "model" in same_model(info(), info(model="smol"))
 
 
+def test_a_replica_that_cannot_take_what_the_frontend_accepts_is_refused():
+    """A shorter context cuts or refuses requests the frontend lets in; a pool that cannot
+    hold a max-length request (where the frontend's own holds it) refuses them."""
+    assert "max_model_len" in same_model(info(), info(max_model_len=32))
+    assert "max_model_len" in same_model(info(), info(max_model_len=128))
+    assert "block_size" in same_model(info(), info(block_size=8, num_blocks=16))
+    assert "4 blocks" in same_model(info(), info(num_blocks=3))   # 64 tokens: 4 blocks
+    assert same_model(info(), info(num_blocks=4)) is None
+    # a frontend whose own pool is smaller than its context asks no more of a joiner
+    assert same_model(info(num_blocks=2), info(num_blocks=2)) is None
+    assert "KV pool" in same_model(info(num_blocks=2), info(num_blocks=1))
+
+
+def test_a_replica_with_other_weights_or_dtype_is_refused():
+    """The same name and path say nothing of the bytes: the worker's digest does."""
+    assert "weights" in same_model(info(weights="a" * 64), info(weights="b" * 64))
+    assert "dtype" in same_model(info(), info(dtype="bfloat16"))
+    assert same_model(info(weights="a" * 64), info(weights="a" * 64)) is None
+
+
 def test_a_joined_replica_is_dead_when_silent(monkeypatch):
-    r = JoinedReplica(3, router=None, ident=b"x")
+    r = JoinedReplica(3, router=None, ident=b"x", silence=Silence(AwakeClock()), epoch=1)
     assert not r.died()             # not up yet
     r.up = True
     assert not r.died()

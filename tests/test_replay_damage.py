@@ -14,7 +14,6 @@ import pytest
 
 from replay.__main__ import main as replay_main
 from replay.record import SCENARIOS, record
-from tests.logfaults import new_log
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +93,6 @@ def test_damage_from_the_command_line(good, tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "Traceback" not in r.stderr and "request 3" in r.stderr
-
-
-def test_verify_of_a_log_without_steps_says_so(tmp_path, capsys):
-    path = tmp_path / "steps.db"
-    new_log(path).close()
-    assert replay_main(["verify", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "holds no steps" in err and err.count("\n") == 1
 
 
 def test_a_divergence_stays_exit_1(good, tmp_path, capsys):

@@ -30,10 +30,13 @@ def test_soak_2000_requests(tmp_path):
 
 @pytest.mark.slow
 def test_chaos_soak_2000_requests(tmp_path):
-    """Kills and stops of the worker, frontend and gateway under load (scripts/bench chaos)."""
+    """Kills and stops of a worker, the frontend and the gateway, and stops of a local core
+    and a joined replica's past the silence deadline, under load (scripts/bench chaos)."""
     out = chaos(2000, seed=0, tmp=tmp_path)
     assert {(f["target"], f["kind"]) for f in out["faults"]} == {
-        (t, k) for t in ("worker", "frontend", "gateway") for k in ("kill", "stop")}, out
+        (t, k) for t in ("worker", "frontend", "gateway") for k in ("kill", "stop")} | {
+        ("core", "stop"), ("joined", "stop")}, out
+    assert out["replicas"] == 3, out
     assert all(f["recovered_s"] < 120 for f in out["faults"]), out
     verdict = {k: out.get(k) for k in ("lost", "wrong", "tie", "bad_examples", "blocks_back",
                                        "log_verifies", "log_verifies_with_model", "serve_exit")}

@@ -49,6 +49,17 @@ def reference_tokenizer():
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
+@pytest.fixture(scope="module")
+def runner():
+    """The engine's worker as served: the batch-invariant mode where the model allows it."""
+    return make_runner("smollm2", num_blocks=256, batch_invariant=None)
+
+
+@pytest.fixture(scope="module")
+def stock(checkpoint):
+    return AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa")
+
+
 def messages(question: str) -> list[dict]:
     return [{"role": "user", "content": question}]
 
@@ -66,11 +77,9 @@ def test_the_chat_template_renders_as_transformers_does(checkpoint, reference_to
         assert tok.encode(text, add_special_tokens=False) == list(want)
 
 
-def test_greedy_tokens_equal_transformers_generate(checkpoint, reference_tokenizer):
+def test_greedy_tokens_equal_transformers_generate(runner, stock, reference_tokenizer):
     prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS]
-    runner = make_runner("smollm2", num_blocks=256, batch_invariant=None)
     ours, _ = run_engine(runner, [(p, NEW_TOKENS, GREEDY) for p in prompts], max_chunk=64)
-    stock = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa")
     partings = []
     for q, p, got in zip(QUESTIONS, prompts, ours):
         want = stock_greedy(stock, p, NEW_TOKENS)
@@ -92,3 +101,15 @@ def _margin(model, ids: list[int]) -> float:
         logits = model(torch.tensor([ids])).logits[0, -1]
     top = torch.topk(logits.float(), 2).values
     return float(top[0] - top[1])
+
+
+def test_prompt_logprobs_equal_transformers_log_softmax(runner, stock, reference_tokenizer):
+    """Chat prompts and a plain passage, batched, in 32-token chunks: each prompt token's
+    logprob, its rank and the top 3 within 1e-4 of transformers' log_softmax."""
+    from tests.test_prompt_logprobs import check_against, collect, engine
+    passage = reference_tokenizer("The river rose slowly through the night, and by morning "
+                                  "the old stone bridge stood in a wide brown lake.")["input_ids"]
+    prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS[:3]] + [list(passage)]
+    got = collect(engine(runner, max_chunk=32), [(p, 1) for p in prompts])
+    for p, g in zip(prompts, got):
+        check_against(stock, p, g)

@@ -34,19 +34,23 @@ def main(argv=None) -> int:
         p.error("--batch-invariant runs with --tp 1")
     die_with_parent()
     interrupts = sigterm_as_interrupt()
+    from worker.settings import LOAD_ERRORS, problem, refuse  # torch loads after the lifeline
+    if why := problem(a.model, tp=a.tp, dtype=a.dtype, block_size=a.block_size,
+                      num_blocks=a.num_blocks, kv_memory=a.kv_memory,
+                      max_model_len=a.max_model_len):
+        return refuse(why)
     if a.tp != 1:
         from worker import tp
         return tp.main(a, sys.argv[1:] if argv is None else list(argv))
-    from worker.load import make_runner  # torch loads after the lifeline is set
+    from worker.load import make_runner
     from worker.process import serve
     from worker.registry_models import RegistryUnavailable
     try:
         runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
                              kv_memory=a.kv_memory, block_size=a.block_size,
                              max_model_len=a.max_model_len, batch_invariant=a.batch_invariant)
-    except (OSError, ValueError, RegistryUnavailable) as e:   # a model it cannot serve
-        print(f"worker: {e}", file=sys.stderr, flush=True)
-        return 2
+    except (*LOAD_ERRORS, RegistryUnavailable) as e:   # settings or a model it cannot serve
+        return refuse(str(e))
     ctx = zmq.Context()
     try:
         with interrupts.end_quietly():

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.config import MAX_NUM_BLOCKS, MAX_SLOTS, layout_problem
+
 DEFAULT_KV_MEMORY = 1 << 30   # cap on the default pool when neither size is given
 DEFAULT_CONTEXTS = 4          # the default pool holds this many max_model_len sequences
 
@@ -30,7 +32,8 @@ def kv_shape(config, tp: int = 1) -> KVShape:
 
 def size_pool(shape: KVShape, block_size: int, dtype: torch.dtype, max_model_len: int,
               num_blocks: int | None = None, kv_memory: int | None = None) -> int:
-    """Number of blocks: given, or what kv_memory bytes hold, or a default for a few contexts."""
+    """Number of blocks: given, or what kv_memory bytes hold (at most the engine's bound on
+    the pool, core/config.py), or a default for a few contexts."""
     if num_blocks is not None and kv_memory is not None:
         raise ValueError("give num_blocks or kv_memory, not both")
     per_block = shape.block_bytes(block_size, dtype)
@@ -40,8 +43,11 @@ def size_pool(shape: KVShape, block_size: int, dtype: torch.dtype, max_model_len
             num_blocks = min(want, DEFAULT_KV_MEMORY // per_block)
         else:
             num_blocks = kv_memory // per_block
+        num_blocks = min(num_blocks, MAX_NUM_BLOCKS, MAX_SLOTS // block_size)
     if num_blocks < 1:
         raise ValueError(f"the KV pool must hold at least one block ({per_block} bytes)")
+    if why := layout_problem(num_blocks, block_size, max_model_len):
+        raise ValueError(why)
     return int(num_blocks)
 
 

@@ -78,6 +78,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     import torch
 
     from worker import kv
+    from worker.digest import weights_digest
     from worker.malloc import keep_heap
     from worker.runner import ModelRunner
 
@@ -86,7 +87,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     path, checkpoint = resolve_checkpoint(model)
     hf = load_model(path, device, dtype, tp)
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
-    limit = _context_limit(cfg, max_model_len)
+    limit = context_limit(cfg, max_model_len)
     shape = kv.kv_shape(cfg, tp)
     blocks = kv.size_pool(shape, block_size, torch_dtype, limit, num_blocks, kv_memory)
     cache = kv.allocate(shape, blocks, block_size, torch_dtype, hf.device)
@@ -98,7 +99,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     info = ModelInfo(model=model, num_blocks=blocks, block_size=block_size, max_model_len=limit,
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path), tp=tp,
-                     batch_invariant=batch_invariant, checkpoint=checkpoint)
+                     batch_invariant=batch_invariant, checkpoint=checkpoint,
+                     weights=weights_digest(hf))
     runner = ModelRunner(hf, cache, info)
     runner.probe()
     return runner
@@ -131,7 +133,7 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32", tp: int 
     return (hf if split else hf.to(dev)).eval()
 
 
-def _context_limit(cfg, requested: int | None) -> int:
+def context_limit(cfg, requested: int | None) -> int:
     """At most the model's positions (a sliding window does not cap it: the paged attention
     attends within the window)."""
     limit = cfg.max_position_embeddings

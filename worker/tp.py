@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from core.ipc.protocol import ForwardBatch, Shutdown, decode, encode
+from worker.settings import LOAD_ERRORS, refuse
 
 # Followers wait in a broadcast for as long as the core has nothing to run: no timeout.
 IDLE_WAIT = datetime.timedelta(days=365)
@@ -72,7 +73,8 @@ def main(a, argv: list[str]) -> int:
     stopping = threading.Event()
     host, port = rendezvous(a.dist_init)
     if a.rank == 0:
-        _precheck(a)
+        if why := _precheck(a):
+            return refuse(why)
         store = dist.TCPStore(host, port, a.tp, is_master=True, timeout=RENDEZVOUS_WAIT,
                               wait_for_workers=False)
         ranks = [_spawn(argv, r, f"tcp://{host}:{store.port}") for r in range(1, per_node)]
@@ -98,7 +100,10 @@ def main(a, argv: list[str]) -> int:
         store.set(CLOSED, "1")   # every rank has met: a later one met a dying rank 0
     shut = False
     try:
-        runner = _runner(a)
+        try:
+            runner = _runner(a)
+        except LOAD_ERRORS as e:
+            return refuse(str(e))
         if a.rank == 0:
             shut = _lead(runner, control, ranks, a)
         else:
@@ -111,17 +116,13 @@ def main(a, argv: list[str]) -> int:
     return 0
 
 
-def _precheck(a) -> None:
-    """The refusals that need no process group, before any rank is started."""
-    if a.model == "null":
-        raise ValueError("the null model has no weights to split: use --tp 1")
+def _precheck(a) -> str | None:
+    """The refusal that needs no process group, before any rank is started (the model's
+    are worker/settings.py's, checked before this)."""
     if a.device == "cuda" and torch.cuda.device_count() < a.tp // a.nnodes:
-        raise ValueError(f"--tp {a.tp} on cuda needs a GPU per rank here; torch sees "
-                         f"{torch.cuda.device_count()}")
-    from transformers import AutoConfig
-
-    from worker.load import resolve_model
-    check_split(AutoConfig.from_pretrained(resolve_model(a.model), local_files_only=True), a.tp)
+        return (f"--tp {a.tp} on cuda needs a GPU per rank here; torch sees "
+                f"{torch.cuda.device_count()}")
+    return None
 
 
 def _remote_store(a, host: str, port: int):

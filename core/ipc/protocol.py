@@ -54,6 +54,7 @@ class ModelInfo:
     batch_invariant: bool = False  # --batch-invariant: a row's logits ignore the batch
     checkpoint: dict = field(default_factory=dict)   # where the weights came from: format,
     # and for a GGUF file its path, sha256, architecture and tensor types (worker/load.py)
+    weights: str = ""             # sha256 of the weights as loaded (worker/digest.py); "" for none
 
 
 # ---------------------------------------------------------------- client <-> frontend
@@ -169,9 +170,12 @@ class StatsQuery:
 
 @message("hello")
 class Hello:
-    """A frontend (re)started: the core aborts every request of earlier frontends and
-    answers CoreReady once its engine runs."""
+    """A frontend (re)started, or it (re)takes this core as a fresh replica: a core greeted
+    with a (pid, epoch) other than the last aborts every request it holds (the frontend
+    has forgotten them) and answers CoreReady with this epoch once its engine runs. The
+    frontend counts epochs; a repeated Hello (same pid and epoch) only gets CoreReady."""
     pid: int
+    epoch: int = 0
 
 
 @message("drain")
@@ -208,15 +212,19 @@ class CoreStats:
 
 @message("core_ready")
 class CoreReady:
+    """`epoch`: the last Hello's; the frontend routes to the core only once it answers the
+    Hello it sent last (by then every request of an earlier epoch is aborted)."""
     info: ModelInfo
     pid: int
     worker_pid: int
+    epoch: int = 0
 
 
 @message("beat")
 class Beat:
-    """A joined replica's core is alive (every BEAT_S); from an unknown replica it asks the
-    frontend for a Hello."""
+    """A core is alive (every BEAT_S, also mid-step; local cores too): the frontend finds a
+    core silent past its deadline stalled or dead. From an unknown joined replica it asks
+    the frontend for a Hello."""
     pid: int
 
 

@@ -171,9 +171,12 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
     """`explicit`: the body gave max_tokens, so prompt + max_tokens must fit the context
     (a 400 otherwise, as OpenAI and vLLM answer); a default one is cut at the context.
     Every field given: OpenAI's defaults (temperature 1.0) are not the Client's."""
+    own = get(body, "priority", INT, 0)
+    if not -MAX_PRIORITY <= own <= MAX_PRIORITY:   # checked where the header overrides it too
+        raise ApiError(400, f"priority must be in [{-MAX_PRIORITY}, {MAX_PRIORITY}], got {own}",
+                       "priority")
     return make_generate(
-        prompt, max_tokens=max_tokens,
-        priority=get(body, "priority", INT, 0) if priority is None else priority,
+        prompt, max_tokens=max_tokens, priority=own if priority is None else priority,
         temperature=float(get(body, "temperature", NUM, 1.0)),
         top_p=float(get(body, "top_p", NUM, 1.0)),
         top_k=_top_k(body), seed=get(body, "seed", INT), stop=fields.stop(body.get("stop")),

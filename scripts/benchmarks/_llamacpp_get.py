@@ -1,10 +1,12 @@
-"""Find or build llama.cpp's `llama-server` and the GGUF f32 copy of a model, cached.
+"""Find or build llama.cpp's tools (`llama-server`, `llama-perplexity`) and the GGUF f32 copy
+of a model, cached.
 
 Everything lives under the cache directory ($TL_CACHE_DIR, else ~/.cache/tl-engine) in
 llamacpp/<LLAMA_CPP_PYTHON>/: src/ (llama.cpp as vendored in the llama-cpp-python source
-distribution), build/ (cmake, Release, CPU only, only the llama-server target), gguf/
-(converted models) and build.log. A first use builds, later ones find; a lock file keeps
-two benchmark runs from building at once (docs/DESIGN.md, "llama.cpp as a peer").
+distribution), build/ (cmake, Release, CPU only, only the targets asked for), gguf/
+(converted models) and build.log. A first use of a tool builds it, later ones find it; a
+lock file keeps two benchmark runs from building at once (docs/DESIGN.md, "llama.cpp as a
+peer").
 """
 from __future__ import annotations
 
@@ -40,13 +42,17 @@ def home() -> Path:
     return cache_root().parent / "llamacpp" / LLAMA_CPP_PYTHON
 
 
+def tool_path(target: str) -> Path:
+    return home() / "build" / "bin" / target
+
+
 def server_path() -> Path:
-    return home() / "build" / "bin" / "llama-server"
+    return tool_path("llama-server")
 
 
-def found() -> Path | None:
-    """The built llama-server, or None (no build is attempted)."""
-    p = server_path()
+def found(target: str = "llama-server") -> Path | None:
+    """The built tool (llama-server by default), or None (no build is attempted)."""
+    p = tool_path(target)
     return p if p.is_file() and os.access(p, os.X_OK) else None
 
 
@@ -87,14 +93,20 @@ def _fetch_source(log: Path) -> None:
 
 def ensure_server() -> Path:
     """The llama-server binary, built on first use (minutes: a progress line says so)."""
-    if (p := found()) is not None:
+    return ensure_tool("llama-server")
+
+
+def ensure_tool(target: str) -> Path:
+    """A llama.cpp tool (`llama-server`, `llama-perplexity`) of the cached tree, its cmake
+    target built on first use into the one build/ (the library is compiled once for all)."""
+    if (p := found(target)) is not None:
         return p
     with _locked("build"):
-        if (p := found()) is not None:   # built by another run while this one waited
+        if (p := found(target)) is not None:   # built by another run while this one waited
             return p
         log = home() / "build.log"
         jobs = str(os.cpu_count() or 2)
-        _say(f"llama.cpp: building llama-server {LLAMA_CPP_PYTHON} once, into {home()} "
+        _say(f"llama.cpp: building {target} {LLAMA_CPP_PYTHON} once, into {home()} "
              f"(-j{jobs}, many minutes on few cores; log: {log})")
         t0 = time.monotonic()
         if not (home() / "src" / "CMakeLists.txt").is_file():
@@ -102,10 +114,11 @@ def ensure_server() -> Path:
             _fetch_source(log)
         src, build = home() / "src", home() / "build"
         _run(["cmake", "-S", src, "-B", build, *CMAKE_FLAGS], log, "cmake configure")
-        _run(["cmake", "--build", build, "--config", "Release", "--target", "llama-server",
+        _run(["cmake", "--build", build, "--config", "Release", "--target", target,
               f"-j{jobs}"], log, "cmake build")
-        if (p := found()) is None:
-            raise RuntimeError(f"the build finished but {server_path()} is missing: see {log}")
+        if (p := found(target)) is None:
+            raise RuntimeError(f"the build finished but {tool_path(target)} is missing: "
+                               f"see {log}")
         _say(f"llama.cpp: built {p} in {time.monotonic() - t0:.0f}s")
         return p
 

@@ -1,7 +1,9 @@
 """scripts/bench chaos: the soak's workload (priorities, aborts, a pool that forces
-preemption) arriving over a stretch of time, some of it over HTTP, while a driver kills
-(SIGKILL) or stops (SIGSTOP, then SIGCONT) the worker, the frontend and the gateway at
-random moments, a bounded number of times each.
+preemption) arriving over a stretch of time, some of it over HTTP, to a group of two local
+replicas (--dp 2) and one joined from another group (--join), while a driver kills
+(SIGKILL) or stops (SIGSTOP, then SIGCONT) a worker, the frontend and the gateway at
+random moments, a bounded number of times each, and stops a local core and the joined
+replica's core past the frontend's 2 s silence deadline.
 
 Checks: every request ends in exactly one final reply (tokens, an error, or the abort it
 asked for; a client's own timeout counts as lost); every greedy request that completed
@@ -14,6 +16,8 @@ import asyncio
 import os
 import random
 import signal
+import socket
+import sqlite3
 import sys
 import tempfile
 import time
@@ -30,7 +34,11 @@ from scripts.benchmarks.soak import (arguments, near_tie, one, report, stock_mod
                                       verify, workload)
 from scripts.group.harness import Group, start_group
 
-TARGETS = {"worker": "-m worker", "frontend": "-m frontend ", "gateway": "-m frontend.http"}
+TARGETS = {"worker": "-m worker", "frontend": "-m frontend ", "gateway": "-m frontend.http",
+           "core": "-m core", "joined": "-m core"}
+ROTATED = ("worker", "frontend", "gateway")   # killed and stopped in turns
+STALLED = ("core", "joined")                  # stopped once each, past the deadline
+REPLICAS = 3                                  # two local, one joined
 
 
 class CountingClient(AsyncClient):
@@ -71,12 +79,13 @@ async def http_one(s: aiohttp.ClientSession, url: str, r: dict):
         return type(e).__name__, []      # the gateway died under this connection
 
 
-async def drive(g: Group, reqs: list[dict], faults: list[dict]) -> tuple[list, Counter, dict]:
+async def drive(g: Group, joined: Group, reqs: list[dict],
+                faults: list[dict]) -> tuple[list, Counter, dict]:
     timeout = aiohttp.ClientTimeout(total=600)
     async with CountingClient(g.address, timeout=600) as c, \
             aiohttp.ClientSession(timeout=timeout) as s:
         jobs = [http_one(s, g.http, r) if r["http"] else zmq_one(c, r) for r in reqs]
-        driver = asyncio.create_task(inject(g, faults))
+        driver = asyncio.create_task(inject({"joined": joined}, g, faults))
         results = await asyncio.gather(*jobs)
         await driver
         stats = await settled(g)
@@ -88,16 +97,16 @@ async def settled(g: Group) -> dict:
     async with AsyncClient(g.address, timeout=30) as c:
         for _ in range(600):
             st = await c.stats()
-            if st["running"] == st["waiting"] == 0:
+            if st["running"] == st["waiting"] == 0 and len(st["replicas"]) == REPLICAS:
                 break
             await asyncio.sleep(0.1)
     return st
 
 
-async def inject(g: Group, faults: list[dict]) -> None:
+async def inject(others: dict, g: Group, faults: list[dict]) -> None:
     for f in faults:
         await asyncio.sleep(f["after"])
-        pid = g.pid_of(TARGETS[f["target"]])
+        pid = others.get(f["target"], g).pid_of(TARGETS[f["target"]])
         t0 = time.monotonic()
         if f["kind"] == "kill":
             os.kill(pid, signal.SIGKILL)
@@ -110,7 +119,8 @@ async def inject(g: Group, faults: list[dict]) -> None:
 
 async def recovered(g: Group, f: dict, pid: int, t0: float) -> float:
     """Seconds from the fault until the target serves again (a new process if killed):
-    the gateway answers /health, the frontend stats(), the worker runs steps."""
+    the gateway answers /health, the frontend stats(), the worker runs steps, a stopped
+    core is a replica again."""
     while time.monotonic() - t0 < 120:
         try:
             if await serves(g, f["target"], pid, f["kind"] == "kill"):
@@ -131,7 +141,9 @@ async def serves(g: Group, target: str, old: int, killed: bool) -> bool:
         st = await c.stats()
         if target == "frontend":
             return not killed or st["pids"]["frontend"] != old
-        if killed and st["pids"]["worker"] == old:
+        if len(st["replicas"]) < REPLICAS:
+            return False
+        if killed and old in {r["pids"]["worker"] for r in st["replicas"]}:
             return False
         r = await c.generate([1, 2, 3], max_tokens=1, priority=1000)  # ahead of the queue
         return r.finish_reason == "length"
@@ -145,12 +157,16 @@ def plan(n: int, seed: int, spread_s: float, n_faults: int) -> tuple[list, list]
         r["http"] = rng.random() < 0.2
         if r["http"]:
             r["abort_after"] = None
-    order = rng.sample(list(TARGETS), len(TARGETS))
+    order = rng.sample(ROTATED, len(ROTATED))
     # rounds: kill each target, then stop each, then kill each again, ...
     faults = [{"target": order[i % 3], "kind": ("kill", "stop")[i // 3 % 2],
                "stop_s": round(rng.uniform(0.5, 3), 2),
                "after": round(rng.uniform(1, spread_s / n_faults), 2)}
               for i in range(n_faults)]
+    for target in STALLED:   # past the 2 s deadline: dropped, re-run, taken back fresh
+        faults.insert(rng.randrange(len(faults) + 1),
+                      {"target": target, "kind": "stop", "stop_s": round(rng.uniform(2.5, 4), 2),
+                       "after": round(rng.uniform(1, spread_s / n_faults), 2)})
     return reqs, faults
 
 
@@ -177,23 +193,56 @@ def judge(reqs, results, finals, ref, model) -> dict:
 
 def chaos(n: int, seed: int, tmp: Path, spread_s: float = 30.0, n_faults: int = 9) -> dict:
     reqs, faults = plan(n, seed, spread_s, n_faults)
-    g = start_group(tmp, ["--num-blocks", "48", "--max-seqs", "32", "--step-timeout", "2",
-                          "--max-restarts", str(n_faults + 3), "--max-waiting", str(n + 16),
-                          "--max-inflight-per-client", str(n + 16),
-                          "--http-port", "0"])
+    engine = ["--num-blocks", "48", "--max-seqs", "32", "--step-timeout", "2",
+              "--max-restarts", str(n_faults + 3), "--max-waiting", str(n + 16)]
+    where = f"tcp://127.0.0.1:{free_port()}"
+    (tmp / "a").mkdir()
+    (tmp / "b").mkdir()
+    g = start_group(tmp / "a", [*engine, "--dp", "2", "--replica-address", where,
+                                "--max-inflight-per-client", str(n + 16), "--http-port", "0"])
+    joined = None
     try:
+        joined = start_group(tmp / "b", [*engine, "--join", where])
+        asyncio.run(wait_replicas(g))
         t0 = time.perf_counter()
-        results, finals, stats = asyncio.run(drive(g, reqs, faults))
+        results, finals, stats = asyncio.run(drive(g, joined, reqs, faults))
         wall = time.perf_counter() - t0
     finally:
-        code = g.stop()
+        codes = [x.stop() for x in (joined, g) if x is not None]
     zmq_reqs = [r for r in reqs if not r["http"]]
     out = judge(reqs, results, finals, uncontended(zmq_reqs), stock_model())
-    out.update(requests=n, faults=faults, wall_s=round(wall, 1), serve_exit=code,
-               preemptions=stats["preemptions"],
+    logs = [p for x in (g, joined) for p in x.logs() if steps_in(p)]
+    out.update(requests=n, faults=faults, wall_s=round(wall, 1), serve_exit=max(codes),
+               preemptions=stats["preemptions"], replicas=len(stats["replicas"]),
                blocks_back=stats["free_blocks"] == stats["total_blocks"],
-               log_verifies=verify(g.log), log_verifies_with_model=verify(g.log, "--with-model"))
+               log_verifies=all(verify(p) for p in logs),
+               log_verifies_with_model=all(verify(p, "--with-model") for p in logs))
     return out
+
+
+async def wait_replicas(g: Group, timeout: float = 120) -> None:
+    """Until the joined replica is one of the frontend's."""
+    async with AsyncClient(g.address, timeout=30) as c:
+        deadline = time.monotonic() + timeout
+        while len((await c.stats())["replicas"]) < REPLICAS:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the joined replica did not join")
+            await asyncio.sleep(0.2)
+
+
+def steps_in(log: Path) -> bool:
+    """A replica restarted just before the end may have run no step: nothing to verify."""
+    conn = sqlite3.connect(log)
+    try:
+        return conn.execute("SELECT count(*) FROM steps").fetchone()[0] > 0
+    finally:
+        conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main(argv=None) -> int:

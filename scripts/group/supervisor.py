@@ -115,6 +115,9 @@ def main(argv=None) -> int:
         print("serve: --join runs replicas only: no --replica-address or --http-port",
               file=sys.stderr)
         return 2
+    if why := worker_problem(a):
+        print(f"serve: {why}", file=sys.stderr)
+        return 2
     stop = {"sig": None}
     signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
     signal.signal(signal.SIGINT, lambda s, f: stop.update(sig=s))
@@ -129,6 +132,17 @@ def main(argv=None) -> int:
     finally:
         group.stop()
         shutil.rmtree(ipc, ignore_errors=True)
+
+
+def worker_problem(a) -> str | None:
+    """The worker's settings checked before any process starts (worker/settings.py); the
+    model's config is read only where a setting depends on it."""
+    from worker.settings import problem
+    return problem(a.model, tp=a.tp, dtype=a.dtype, block_size=a.block_size,
+                   num_blocks=a.num_blocks, kv_memory=a.kv_memory,
+                   max_model_len=a.max_model_len,
+                   read_config=a.tp != 1 or a.kv_memory is not None
+                   or a.max_model_len is not None)
 
 
 RESTARTABLE = ("worker", "frontend", "http")
@@ -282,7 +296,9 @@ def report_death(group: Group, when: str) -> int:
         # the frontend answers 503 to every request in flight once the cores are gone
         group.terminate(group.engines())  # they exit while the frontend answers
         time.sleep(FRONTEND_GRACE_S)
-    return 1
+    # a process that refused its settings (exit 2, one line of its own) before the group
+    # was up: serve refuses them too
+    return 2 if dead and dead[1] == 2 and when.startswith("before") else 1
 
 
 if __name__ == "__main__":
