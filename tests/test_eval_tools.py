@@ -49,11 +49,14 @@ def test_guidellm_summary_reads_counts_and_the_first_error(tmp_path):
     report = tmp_path / "r.json"
     made = {"successful": 7, "errored": 2, "incomplete": 1, "total": 10}
     errored = [{"info": {"error": "400 Bad Request"}}, {"info": {"error": "later"}}]
+    token = {"info": {"timings": {"first_token_iteration": 1.5}}}
     report.write_text(json.dumps({"benchmarks": [
         {"metrics": {"request_totals": made},
-         "requests": {"successful": [], "errored": errored, "incomplete": []}}]}))
+         "requests": {"successful": [token], "errored": errored,
+                      "incomplete": [token, {"info": {"timings": {}}}]}}]}))
     s = guidellm.summary(report)
     assert (s.requests, s.successful, s.errored, s.incomplete) == (10, 7, 2, 1)
+    assert s.streamed == 2
     assert s.first_error == "400 Bad Request"
 
 
@@ -115,4 +118,7 @@ def test_guidellm_constant_rate_ends_without_errors(tools, group, gguf, tmp_path
     s = guidellm.summary(guidellm.run(group.http, tok, tmp_path / "guidellm"))
     print(f"\nguidellm: {s}")
     assert s.errored == 0, s.first_error
-    assert s.requests > 0 and s.successful > 0
+    assert s.requests > 0
+    # none finished in 20 s: `streamed` tells a hang (0) from a crawl (decode steps of seconds
+    # on a machine loaded by other work)
+    assert s.successful > 0, f"no request finished in {guidellm.Load.seconds} s: {s}"

@@ -28,6 +28,7 @@ class Summary:
     successful: int
     errored: int
     incomplete: int
+    streamed: int                 # requests that received at least one token (any status)
     first_error: str | None       # the first errored request's message, when any
 
 
@@ -67,4 +68,7 @@ def summary(report: Path) -> Summary:
     n = b["metrics"]["request_totals"]
     errored = b["requests"].get("errored") or []
     first = next((r.get("info", {}).get("error") for r in errored), None)
-    return Summary(n["total"], n["successful"], n["errored"], n["incomplete"], first)
+    sampled = [r for rows in b["requests"].values() for r in rows or []]
+    streamed = sum(1 for r in sampled if r.get("info", {}).get("timings", {}).get(
+        "first_token_iteration") is not None)
+    return Summary(n["total"], n["successful"], n["errored"], n["incomplete"], streamed, first)
