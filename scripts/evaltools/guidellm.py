@@ -20,6 +20,7 @@ class Load:
     rate: float = 1.0             # requests per second, constant
     prompt_tokens: int = 32
     output_tokens: int = 8
+    worker_processes: int = 1     # guidellm's request processes (its default: 10)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,10 @@ def run(http: str, tokenizer: Path, out: Path, load: Load = Load(),
                      f"output_tokens={load.output_tokens}",
            "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
            "--output", f"kind=json,path={report}", "--disable-console-interactive"]
-    run_logged(cmd, out, out, "guidellm", timeout, GuidellmFailed)
+    # one worker process, not guidellm's 10: each imports torch at the benchmark's start,
+    # and on 2 cores they took the engine's CPU (its steps went from ~1 s to ~8 s here)
+    run_logged(cmd, out, out, "guidellm", timeout, GuidellmFailed,
+               {"GUIDELLM__MAX_WORKER_PROCESSES": str(load.worker_processes)})
     if not report.is_file():
         raise GuidellmFailed(f"guidellm wrote no report; see {out / 'guidellm.log'}")
     return report

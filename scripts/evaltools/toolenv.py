@@ -67,11 +67,12 @@ def bin_dir(tool: Tool) -> Path:
 
 
 def run_logged(cmd: list[str], cwd: Path, out: Path, name: str, timeout: float,
-               error: type[Exception]) -> None:
+               error: type[Exception], env: dict | None = None) -> None:
     """Run a tool's command offline (no hub look-ups; its datasets cache under out), its
     output to out/NAME.log; raises `error` with the log's end when it exits non-zero."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_DATASETS_CACHE=str(out / "hf-datasets"), TOKENIZERS_PARALLELISM="false")
+               HF_DATASETS_CACHE=str(out / "hf-datasets"), TOKENIZERS_PARALLELISM="false",
+               **(env or {}))
     env.pop("PYTHONPATH", None)   # the tool venv sees the project's packages through its .pth
     log = out / f"{name}.log"
     with open(log, "w") as f:
