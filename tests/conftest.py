@@ -17,9 +17,11 @@ def verify_log(path, *extra) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def group(request, tmp_path_factory) -> Group:
-    """A group on the tiny preset; a test module sets GROUP_ARGS for other flags."""
+    """A group on the tiny preset; a test module sets GROUP_ARGS for other flags and
+    GROUP_ENV for variables added to the group's environment."""
     args = getattr(request.module, "GROUP_ARGS", [])
-    g = start_group(tmp_path_factory.mktemp("group"), args)
+    env = getattr(request.module, "GROUP_ENV", None)
+    g = start_group(tmp_path_factory.mktemp("group"), args, env=env)
     try:
         yield g
     finally:

@@ -22,6 +22,10 @@ from scripts.evaltools import guidellm, lmeval
 from scripts.evaltools.toolenv import GUIDELLM, LM_EVAL, Tool, ToolInstallFailed, bin_dir
 
 GROUP_ARGS = ["--model", "smollm2", "--http-port", "0"]
+# One torch thread: the tools' processes share the 2 cores with the group, and a worker whose
+# second thread is descheduled waits a time slice at every parallel region (~300 a forward):
+# smollm2's steps took ~2 s at load 8 with 2 threads, ~0.12 s with one
+GROUP_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def _jsonl(name: str) -> list[dict]:
