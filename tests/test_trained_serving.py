@@ -25,12 +25,14 @@ def ask(group, question: str, **extra) -> dict:
     return reply
 
 
+@pytest.mark.slow   # the smollm2 group: ~50 s on two cores
 def test_a_real_question_gets_a_real_answer(group):
     reply = ask(group, "What is the capital of France?")
     assert "Paris" in reply["choices"][0]["message"]["content"]
     assert reply["choices"][0]["finish_reason"] == "stop"   # <|im_end|> is its EOS
 
 
+@pytest.mark.slow
 def test_the_log_names_the_file_and_replays_with_it(group):
     ask(group, "Name three colours.")
     meta = dict(sqlite3.connect(group.log).execute("SELECT key, value FROM meta"))
