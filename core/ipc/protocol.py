@@ -18,7 +18,7 @@ from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError
 class SamplingParams:
     """How a request's tokens are drawn; logged with the request (replay rebuilds them).
     Penalties and min_tokens are functions of the request's tokens so far and these
-    fields, so sampling stays stateless (docs/DESIGN.md#sampling)."""
+    fields, so sampling stays stateless (docs/DESIGN.md, "Stateless seeded sampling")."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
