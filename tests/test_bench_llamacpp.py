@@ -96,7 +96,8 @@ def test_parse_peer_defaults_and_refusals():
 def test_compare_peer_llamacpp_tiny(tmp_path):
     out = tmp_path / "peer.json"
     cmd = [str(ROOT / "scripts" / "bench"), "compare", "--peer", "llamacpp", "--model", "tiny",
-           "--requests", "4", "--concurrency", "1,2", "--no-progress", "--json", str(out)]
+           "--requests", "4", "--concurrency", "1,2", "--no-progress", "--allow-dirty",
+           "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())

@@ -237,8 +237,9 @@ def report(doc: dict) -> str:
     tail = [f"  goal {k}: {v['ratio']:.2f} ({'met' if v['met'] else 'not met'})"
             for k, v in doc["goals"].items()]
     tail += [f"  {LABELS[n]}: {doc[n]['error']}" for n in SYSTEMS if "error" in doc[n]]
-    hits = [f"{c}: {row['engine']['prefix_hit_tokens']}/{row['engine']['prefix_query_tokens']}"
-            for c, row in doc["levels"].items() if (row.get("engine") or {}).get("prefix_query_tokens")]
+    engine = {c: row.get("engine") or {} for c, row in doc["levels"].items()}
+    hits = [f"{c}: {e['prefix_hit_tokens']}/{e['prefix_query_tokens']}"
+            for c, e in engine.items() if "prefix_query_tokens" in e]
     if hits:
         tail.append(f"  engine prefix-cache hit/query tokens per level ({doc['caches']}): "
                     + ", ".join(hits))

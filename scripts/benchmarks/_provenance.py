@@ -74,17 +74,23 @@ def begin(benchmark: str, json_path: str | None, allow_dirty: bool,
 
 
 def stamp(doc: dict, start: RunStart, models, root: Path = ROOT) -> dict:
-    """`doc` with the provenance keys first. `models`: a model name, or several (a list: the
-    JSON's "model" is then a list). The tree is read again: dirty if it was at either end or
-    HEAD moved during the run."""
+    """`doc` with the provenance keys first. `models`: a model name, several (a list: the
+    JSON's "model" is then a list) or None (no model). The tree is read again: dirty if it
+    was at either end or HEAD moved during the run."""
     commit, dirty = tree_state(root)
-    names = [models] if isinstance(models, str) else list(models)
-    facts = [model_record(n) for n in names]
     head = {"benchmark": start.benchmark, "commit": start.commit,
             "dirty": start.dirty or dirty or commit != start.commit, "date": start.date,
             "load_before": start.load_before, "load_after": load_1m(),
-            "model": facts[0] if isinstance(models, str) else facts}
+            "model": models_record(models)}
     return {**head, **{k: v for k, v in doc.items() if k not in head}}
+
+
+def models_record(models):
+    if models is None:
+        return None
+    if isinstance(models, str):
+        return model_record(models)
+    return [model_record(n) for n in models]
 
 
 def model_record(name: str) -> dict:
