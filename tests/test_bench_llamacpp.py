@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts.benchmarks import _compare_peer as peer
+from scripts.benchmarks import _compare_shared as cs
 from scripts.benchmarks import _llamacpp_get as get
 from scripts.benchmarks import _llamacpp_serve as serve
 from scripts.benchmarks import common as bl
@@ -52,7 +53,7 @@ def test_merged_rounds_are_one_run_in_workload_order():
     t = [bl.Trace(sent=0.0) for _ in range(3)]
     runs = [bl.RunResult(t[:1], 2.0, {"steps": 1}, {"steps": 5}),
             bl.RunResult(t[1:], 3.0, {"steps": 9}, {"steps": 20})]
-    m = peer.merged(runs)
+    m = cs.merged(runs)
     assert m.traces == t and m.wall == 5.0
     assert (m.stats_before, m.stats_after) == ({"steps": 1}, {"steps": 20})
 
@@ -95,7 +96,8 @@ def test_parse_peer_defaults_and_refusals():
 def test_compare_peer_llamacpp_tiny(tmp_path):
     out = tmp_path / "peer.json"
     cmd = [str(ROOT / "scripts" / "bench"), "compare", "--peer", "llamacpp", "--model", "tiny",
-           "--requests", "4", "--concurrency", "1,2", "--no-progress", "--json", str(out)]
+           "--requests", "4", "--concurrency", "1,2", "--no-progress", "--allow-dirty",
+           "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())

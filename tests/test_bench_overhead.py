@@ -104,7 +104,7 @@ def test_the_null_case_runs_end_to_end_and_breaks_the_step_down(tmp_path):
     part of the breakdown is there and the steady steps were the full batch."""
     out = tmp_path / "overhead.json"
     cmd = [str(ROOT / "scripts" / "bench"), "overhead", "--sizes", "16", "--steps", "60",
-           "--skip-smol", "--no-progress", "--json", str(out)]
+           "--skip-smol", "--no-progress", "--allow-dirty", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     case = json.loads(out.read_text())["null"]["16"]

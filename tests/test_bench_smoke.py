@@ -21,7 +21,7 @@ def test_bench_serve_tiny(tmp_path):
     out = tmp_path / "serve.json"
     cmd = [str(ROOT / "scripts" / "bench"), "serve", "--model", "tiny", "--requests", "4",
            "--prompt-len", "8-32", "--output-len", "4-12", "--rate", "50",
-           "--no-progress", "--json", str(out)]
+           "--no-progress", "--allow-dirty", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -36,7 +36,7 @@ def test_bench_prefix_tiny(tmp_path):
     out = tmp_path / "prefix.json"
     cmd = [str(ROOT / "scripts" / "bench"), "prefix", "--model", "tiny", "--requests", "6",
            "--system-len", "48", "--output-len", "4", "--rate", "50", "--conversations", "2",
-           "--turns", "2", "--mixed", "3", "--no-progress", "--json", str(out)]
+           "--turns", "2", "--mixed", "3", "--no-progress", "--allow-dirty", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -49,7 +49,7 @@ def test_bench_prefix_tiny(tmp_path):
 def test_bench_scale_tiny(tmp_path):
     out = tmp_path / "scale.json"
     cmd = [str(ROOT / "scripts" / "bench"), "scale", "--model", "tiny", "--requests", "3",
-           "--no-progress", "--json", str(out)]
+           "--no-progress", "--allow-dirty", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -62,7 +62,8 @@ def test_bench_scale_tiny(tmp_path):
 def test_bench_whatif_quick(tmp_path):
     out = tmp_path / "whatif.json"
     cmd = [str(ROOT / "scripts" / "bench"), "whatif", "--model", "tiny", "--quick",
-           "--no-progress", "--keep", str(tmp_path / "logs"), "--json", str(out)]
+           "--no-progress", "--keep", str(tmp_path / "logs"), "--allow-dirty",
+           "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())

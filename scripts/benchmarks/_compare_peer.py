@@ -2,34 +2,34 @@
 side on the same workload, model weights (GGUF f32) and concurrency levels.
 
 For each level N (--concurrency, default 1,8,64) both systems run the whole workload with
-at most N requests in flight: the engine's process group is started once and driven at
-each level; llama-server is started per level with N slots and stopped after it. Within a
-level the two take turns over consecutive rounds of the workload (`rounds`), so that this
-machine's drift in speed lands on both alike. Reported per level and system: output tok/s, TTFT and TPOT p50/p99 (client side, from the moment a
-request is sent), and how many requests' first --agree-first greedy tokens differ
+at most N requests in flight, each started cold for the level: a fresh engine process group
+and a fresh llama-server with N slots (its prompt cache off), both stopped after it. The
+engine's prefix cache stays on; its hits are recorded per level (the prompts share no
+prefix, so they stay near 0). Within a level the two take turns over consecutive rounds of
+the workload (`rounds`), so that this machine's drift in speed lands on both alike.
+Reported per level and system: output tok/s, TTFT and TPOT p50/p99 (client side, from the
+moment a request is sent), and how many requests' first --agree-first greedy tokens differ
 (docs/DESIGN.md, "llama.cpp as a peer").
 """
 from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import tempfile
 from pathlib import Path
 
+from scripts.benchmarks import _compare_shared as cs
 from scripts.benchmarks import _llamacpp_get as get
 from scripts.benchmarks import _llamacpp_serve as serve
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
-from scripts.benchmarks import compare
 
 SYSTEMS = ("engine", "llamacpp")
 LABELS = {"engine": "tl-engine", "llamacpp": "llama.cpp"}
 CTX_ROUND = 256
 ROUND_MIN = 16   # requests per round at least, and at least 4x the level's concurrency
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+CACHES = ("cold per level: a fresh engine and a fresh llama-server for each level; "
+          "llama.cpp's prompt cache off, the engine's prefix cache on with its hits recorded")
 
 
 def slot_ctx(reqs) -> int:
@@ -58,14 +58,20 @@ def first_token_agreement(engine: list, peer: list, first: int, eog=()) -> dict:
                              "llamacpp": p[at] if at is not None else None})
     return {"first_tokens": first, "compared": len(pairs), "differ": differ,
             "examples": examples, "diverged_at_eog": at_eog, **{f"whole_{k}": v for k, v in
-                                     compare.agreement(engine, peer).items() if k != "compared"}}
+                                     cs.agreement(engine, peer).items() if k != "compared"}}
 
 
-def _figures(run: bl.RunResult) -> dict:
+def _figures(runs: list[bl.RunResult], engine: bool) -> dict:
+    """One system's figures at one level over its rounds (the engine's with its
+    prefix-cache tokens)."""
+    run = cs.merged(runs)
     m = bl.metrics(run)
     keep = ("requests", "completed", "errors", "first_errors", "output_tokens", "wall_s",
             "output_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
     out = {k: m[k] for k in keep}
+    out["round_wall_s"] = [r.wall for r in runs]
+    if engine:
+        out.update(cs.prefix_hits(run))
     out["outputs"] = [t.tokens if t.error is None else None for t in run.traces]
     return out
 
@@ -74,22 +80,14 @@ def rounds(reqs: list, c: int) -> list[list]:
     """The workload as consecutive rounds of at least max(ROUND_MIN, 4c) requests (one
     round where it holds fewer): short enough that the machine's speed moves little within
     one, long enough that c requests stay in flight through most of it."""
-    n = max(1, len(reqs) // max(ROUND_MIN, 4 * c))
-    cuts = [len(reqs) * i // n for i in range(n + 1)]
-    return [reqs[x:y] for x, y in zip(cuts, cuts[1:])]
-
-
-def merged(runs: list[bl.RunResult]) -> bl.RunResult:
-    """Rounds as one run: traces in workload order, the walls summed."""
-    return bl.RunResult([t for r in runs for t in r.traces], sum(r.wall for r in runs),
-                        runs[0].stats_before, runs[-1].stats_after)
+    return cs.split(reqs, max(1, len(reqs) // max(ROUND_MIN, 4 * c)))
 
 
 class Peer:
     """llama-server, built and converted on first use; one server per level."""
 
     def __init__(self, a, facts):
-        _say("== llama.cpp (llama-server)")
+        cs.say("== llama.cpp (llama-server)")
         self.binary = get.ensure_server()
         self.gguf = get.ensure_model(a.model, Path(facts["path"]))
         self.checked = get.check_model(self.gguf, Path(facts["path"]))
@@ -102,8 +100,7 @@ class Peer:
         srv = serve.Server(args, self.logdir / f"llama-server-x{c}.log")
         try:
             srv.wait_ready()
-            warm = [bl.Req(r.prompt[:32], 4) for r in reqs[:2]]
-            asyncio.run(serve.drive(srv.url, warm, c, progress=False))
+            asyncio.run(serve.drive(srv.url, cs.warmup(reqs), c, progress=False))
         except BaseException:
             srv.stop()
             raise
@@ -120,23 +117,30 @@ def drive_engine(a, address: str, reqs, c: int, label: str):
                     concurrency=c, temperature=0.0, ignore_eos=True)
 
 
-def run_level(a, reqs, c: int, address: str, peer: Peer) -> tuple[dict, dict]:
-    """Both systems at concurrency c, taking turns round by round (who goes first
-    alternates); the engine's and llama.cpp's figures."""
-    srv = peer.start(reqs, c)
+def run_level(a, reqs, c: int, peer: Peer) -> tuple[dict, dict, list]:
+    """Both systems cold at concurrency c (a fresh engine group, a fresh llama-server),
+    taking turns round by round (who goes first alternates); the engine's and llama.cpp's
+    figures, and the engine's serve args."""
+    g, args = cs.start_engine(a, reqs)
     try:
-        runs = {"engine": [], "llamacpp": []}
-        for i, part in enumerate(rounds(reqs, c)):
-            for name in (("llamacpp", "engine") if i % 2 == 0 else ("engine", "llamacpp")):
-                label = f"{LABELS[name]} x{c} round {i + 1}"
-                run = (drive_engine(a, address, part, c, label) if name == "engine" else
-                       serve.drive(srv.url, part, c, progress=a.progress, label=label))
-                runs[name].append(asyncio.run(run))
+        srv = peer.start(reqs, c)
+        try:
+            runs = {"engine": [], "llamacpp": []}
+            parts = rounds(reqs, c)
+            for i, (part, order) in enumerate(zip(parts, cs.turns(("llamacpp", "engine"),
+                                                                  len(parts)))):
+                for name in order:
+                    label = f"{LABELS[name]} x{c} round {i + 1}"
+                    run = (drive_engine(a, g.address, part, c, label) if name == "engine" else
+                           serve.drive(srv.url, part, c, progress=a.progress, label=label))
+                    runs[name].append(asyncio.run(run))
+        finally:
+            srv.stop()
     finally:
-        srv.stop()
-    return (_figures(merged(runs["engine"])),
-            {**_figures(merged(runs["llamacpp"])), "server_args": srv.args[1:],
-             "log": str(srv.log)})
+        g.stop()
+    return (_figures(runs["engine"], True),
+            {**_figures(runs["llamacpp"], False), "server_args": srv.args[1:],
+             "log": str(srv.log)}, args)
 
 
 def run_both(a, reqs, facts) -> dict:
@@ -148,31 +152,30 @@ def run_both(a, reqs, facts) -> dict:
         traceback.print_exc()
         return {"engine": run_engine_alone(a, reqs),
                 "llamacpp": {"error": f"{type(e).__name__}: {e}"}}
-    _say("== tl-engine (process group) and llama.cpp, level by level")
-    g, args = compare.start_engine(a, reqs)
-    levels = {"engine": {}, "llamacpp": {}}
-    try:
-        for c in a.concurrency:
-            levels["engine"][c], levels["llamacpp"][c] = run_level(a, reqs, c, g.address, peer)
-    finally:
-        g.stop()
+    cs.say("== tl-engine (process group) and llama.cpp, level by level, each cold")
+    levels, args = {"engine": {}, "llamacpp": {}}, None
+    for c in a.concurrency:
+        levels["engine"][c], levels["llamacpp"][c], args = run_level(a, reqs, c, peer)
     return {"engine": {"serve_args": args, "levels": levels["engine"]},
             "llamacpp": {**peer.facts(), "levels": levels["llamacpp"]}}
 
 
 def run_engine_alone(a, reqs) -> dict:
-    g, args = compare.start_engine(a, reqs)
-    try:
-        levels = {c: _figures(asyncio.run(drive_engine(a, g.address, reqs, c,
-                                                       f"tl-engine x{c}")))
-                  for c in a.concurrency}
-    finally:
-        g.stop()
+    """The engine's levels without its peer, each on a fresh group as above."""
+    levels, args = {}, None
+    for c in a.concurrency:
+        g, args = cs.start_engine(a, reqs)
+        try:
+            levels[c] = _figures([asyncio.run(drive_engine(a, g.address, reqs, c,
+                                                           f"tl-engine x{c}"))], True)
+        finally:
+            g.stop()
     return {"serve_args": args, "levels": levels}
 
 
 def summary(a, reqs, tokens, res: dict) -> dict:
     doc = {"model": a.model, "dtype": "float32", "concurrency": a.concurrency,
+           "caches": CACHES,
            "workload": {**bl.MIXED, **bl.describe(reqs), "token_range": list(tokens)},
            "machine": bl.machine(), "levels": {}}
     for name in SYSTEMS:
@@ -234,6 +237,12 @@ def report(doc: dict) -> str:
     tail = [f"  goal {k}: {v['ratio']:.2f} ({'met' if v['met'] else 'not met'})"
             for k, v in doc["goals"].items()]
     tail += [f"  {LABELS[n]}: {doc[n]['error']}" for n in SYSTEMS if "error" in doc[n]]
+    engine = {c: row.get("engine") or {} for c, row in doc["levels"].items()}
+    hits = [f"{c}: {e['prefix_hit_tokens']}/{e['prefix_query_tokens']}"
+            for c, e in engine.items() if "prefix_query_tokens" in e]
+    if hits:
+        tail.append(f"  engine prefix-cache hit/query tokens per level ({doc['caches']}): "
+                    + ", ".join(hits))
     table = bl.table(rows, ("conc", "system", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                             "TPOT p99", "errors"))
     return "\n".join([head, table, *tail])
@@ -243,7 +252,7 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)   # so that `finally` stops llama-server and the group
 
 
-def main(a, reqs, tokens, facts) -> int:
+def main(a, reqs, tokens, facts, start: prov.RunStart) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         res = run_both(a, reqs, facts)
@@ -254,7 +263,7 @@ def main(a, reqs, tokens, facts) -> int:
     doc = summary(a, reqs, tokens, res)
     print(report(doc))
     if a.json:
-        bl.write_json(a.json, doc)
+        bl.write_json(a.json, prov.stamp(doc, start, a.model))
     failed = any("error" in r for r in res.values()) or any(
         (row.get(n) or {}).get("errors", 1) for row in doc["levels"].values() for n in SYSTEMS)
     return 1 if failed else 0

@@ -32,6 +32,7 @@ from frontend.client import AsyncClient, ClientError
 from frontend.client.common import ends
 from scripts.benchmarks.soak import (arguments, near_tie, one, report, stock_model, uncontended,
                                       verify, workload)
+from scripts.benchmarks import _provenance as prov
 from scripts.group.harness import Group, start_group
 
 TARGETS = {"worker": "-m worker", "frontend": "-m frontend ", "gateway": "-m frontend.http",
@@ -250,8 +251,9 @@ def main(argv=None) -> int:
     p.add_argument("--faults", type=int, default=9)
     p.add_argument("--spread", type=float, default=30.0, help="seconds over which requests arrive")
     a = p.parse_args(argv)
+    start = prov.begin("chaos", a.json, a.allow_dirty)
     out = chaos(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-chaos-")), a.spread, a.faults)
-    return report(out, a.json, passed(out))
+    return report(out, a.json, passed(out), start)
 
 
 def passed(out: dict) -> bool:

@@ -8,7 +8,6 @@ own DynamicCache, same model, batch and context. The caches are filled with rand
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -17,6 +16,8 @@ import time
 import torch
 
 from worker.handmade import Part, blocks_needed, make_batch
+from scripts.benchmarks import _provenance as prov
+from scripts.benchmarks import common as bl
 from worker.load import make_runner, resolve_model
 
 
@@ -82,7 +83,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="batch 1 and 64 at 128 context, 4 steps")
     ap.add_argument("--json", metavar="FILE")
+    prov.add_allow_dirty(ap)
     a = ap.parse_args()
+    start = prov.begin("forward", a.json, a.allow_dirty)
     batches = [int(x) for x in a.batches.split(",")]
     contexts = [int(x) for x in a.contexts.split(",")]
     steps, warmup = a.steps, 2
@@ -112,10 +115,10 @@ def main() -> None:
             print(f"{b:>5} {ctx:>5} {p:>9.1f} {s:>9.1f} {r['paged_tok_s']:>11.1f} "
                   f"{r['stock_tok_s']:>11.1f} {r['speedup']:>11.2f}", flush=True)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"model": a.model, "dtype": a.dtype, "device": a.device,
-                       "threads": torch.get_num_threads(), "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+        bl.write_json(a.json, prov.stamp({"dtype": a.dtype, "device": a.device,
+                                          "threads": torch.get_num_threads(),
+                                          "torch": torch.__version__, "rows": rows},
+                                         start, a.model))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
 
 SETTINGS = {"off": [], "on": ["--batch-invariant"]}
@@ -35,6 +36,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
                    help="also profile STEPS in-process steps in each mode")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", metavar="FILE")
+    prov.add_allow_dirty(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p.parse_known_args(argv)
 
@@ -132,6 +134,7 @@ def report(doc: dict) -> str:
 
 def main(argv=None) -> int:
     a, serve_args = parse(argv)
+    start = prov.begin("invariant", a.json, a.allow_dirty)
     reqs = workload(a)
     doc = {"model": a.model, "serve_args": serve_args, "machine": bl.machine(),
            "workload": {**bl.MIXED, "requests": a.requests, "max_tokens_cap": a.max_tokens},
@@ -145,7 +148,7 @@ def main(argv=None) -> int:
                           for name in SETTINGS}
     print(report(doc))
     if a.json:
-        bl.write_json(a.json, doc)
+        bl.write_json(a.json, prov.stamp(doc, start, a.model))
     return 0 if all(m["errors"] == 0 for m in doc["settings"].values()) else 1
 
 

@@ -7,7 +7,6 @@ replays the log scheduler-only.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
@@ -21,6 +20,8 @@ from core.sched import Request
 from core.steplog import CHECKPOINT_S, StepLog
 from replay.logfile import LogFile
 from replay.verify import verify
+from scripts.benchmarks import _provenance as prov
+from scripts.benchmarks import common as bl
 from worker.null import NullRunner
 
 INFO = ModelInfo(model="null", num_blocks=4096, block_size=16, max_model_len=2048,
@@ -55,7 +56,9 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-s", type=float, default=CHECKPOINT_S,
                    help="the writer's WAL checkpoint period ('inf': none but SQLite's own)")
     p.add_argument("--json", default=None)
+    prov.add_allow_dirty(p)
     a = p.parse_args(argv)
+    start = prov.begin("log", a.json, a.allow_dirty)
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-log-"))
     off, on = [], []
     for i in range(a.repeats):
@@ -80,7 +83,7 @@ def main(argv=None) -> int:
     print(f"  replay (scheduler)    : {fig['replay_steps_per_s']:8.0f} steps/s")
     print(f"  log size              : {fig['log_bytes_per_token']:8.1f} bytes/token")
     if a.json:
-        Path(a.json).write_text(json.dumps(fig, indent=2))
+        bl.write_json(a.json, prov.stamp(fig, start, "null"))
     return 0
 
 

@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
 from scripts.benchmarks._overhead_log import (arrival_spread, codec_ms, full_batch, log_step_ms,
                                               logging_inproc_ms, mean, null_execute_ms, replay,
@@ -66,6 +67,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-null", action="store_true")
     p.add_argument("--quick", action="store_true", help="800 null steps, 24 smol steps")
     p.add_argument("--json", metavar="FILE")
+    prov.add_allow_dirty(p)
     p.add_argument("--keep-logs", action="store_true", help="keep the runs' step logs")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="measure the groups with --no-overlap (overlapped scheduling off)")
@@ -318,6 +320,7 @@ def guarded(fn, *args) -> dict:
 def main(argv=None) -> int:
     global WORKDIR
     a = parse(argv)
+    start = prov.begin("overhead", a.json, a.allow_dirty)
     WORKDIR = Path(tempfile.mkdtemp(prefix="tl-bench-overhead-"))
     try:
         doc = measure(a)
@@ -328,7 +331,8 @@ def main(argv=None) -> int:
     doc["logs"] = str(WORKDIR) if a.keep_logs else None
     print(report(doc))
     if a.json:
-        bl.write_json(a.json, doc)
+        models = [m for m, skip in (("null", a.skip_null), ("smol", a.skip_smol)) if not skip]
+        bl.write_json(a.json, prov.stamp(doc, start, models))
     failed = [v for v in [*doc["null"].values(), doc.get("smol") or {}] if "error" in v]
     return 1 if failed else 0
 

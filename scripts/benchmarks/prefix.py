@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
 
 SETTINGS = {"on": [], "off": ["--no-prefix-cache"]}
@@ -42,6 +43,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", metavar="FILE")
+    prov.add_allow_dirty(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p.parse_known_args(argv)
 
@@ -139,6 +141,7 @@ def report(doc: dict) -> str:
 
 def main(argv=None) -> int:
     a, serve_args = parse(argv)
+    start = prov.begin("prefix", a.json, a.allow_dirty)
     facts = bl.model_facts(a.model)
     tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
     doc = {"model": a.model, "serve_args": serve_args, "machine": bl.machine(),
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
     doc["ratios"] = ratios(doc["on"], doc["off"])
     print(report(doc))
     if a.json:
-        bl.write_json(a.json, doc)
+        bl.write_json(a.json, prov.stamp(doc, start, a.model))
     errors = sum(doc[s][w]["errors"] for s in SETTINGS for w in ("shared_t0", "shared_steady", "mixed"))
     return 0 if errors == 0 else 1
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from scripts import ROOT
 from scripts.benchmarks import _quality_ppl as qp
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
 
 DATA = Path(__file__).parent / "data"
@@ -31,14 +32,6 @@ GOALS = {"transformers": 0.001, "llamacpp": 0.01}   # relative to the engine's p
 def text_of(path: Path) -> str:
     """The text scored: the file less one trailing newline (llama-perplexity drops it)."""
     return path.read_text().removesuffix("\n")
-
-
-def tree_state() -> tuple[str | None, bool]:
-    """(HEAD's commit, whether tracked or untracked files differ from it)."""
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT,
-                              timeout=10).stdout.strip()
-    return git("rev-parse", "HEAD") or None, bool(git("status", "--porcelain"))
 
 
 def uptime() -> str:
@@ -86,8 +79,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=int, default=512, help="window size in tokens (default 512, "
                     "llama-perplexity's)")
     ap.add_argument("--json", default=None, help="write the figures here")
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="run on a tree that differs from its commit (the JSON says so)")
+    prov.add_allow_dirty(ap)
     ap.add_argument("--no-llamacpp", action="store_true",
                     help="skip llama.cpp (its figures are null)")
     ap.add_argument("--llamacpp-threads", type=int, default=None,
@@ -98,14 +90,8 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse(argv)
-    commit, dirty = tree_state()
-    if dirty and not a.allow_dirty:
-        print("quality: the tree differs from its commit; commit first, or --allow-dirty "
-              "(recorded in the JSON)", file=sys.stderr)
-        return 2
-    doc = {"benchmark": "quality", "model": a.model, "commit": commit, "dirty": dirty,
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "uptime_before": uptime(), "machine": bl.machine()}
+    start = prov.begin("quality", a.json, a.allow_dirty)
+    doc = {"model": a.model, "uptime_before": uptime(), "machine": bl.machine()}
     from worker.gguf_file import hash_file
     gguf, ckpt = gguf_model(a.model)
     doc.update(model_file=gguf.name, model_sha256=hash_file(gguf))
@@ -121,7 +107,7 @@ def main(argv=None) -> int:
     doc.update(verdicts(doc), uptime_after=uptime())
     report(doc)
     if a.json:
-        bl.write_json(a.json, doc)
+        bl.write_json(a.json, prov.stamp(doc, start, a.model))
     return 0
 
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
 
 SETTINGS = {"dp1": (["--dp", "1"], 1), "dp2": (["--dp", "2"], 1),
@@ -38,6 +39,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--settings", default=",".join(SETTINGS), help="which, comma-separated")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", metavar="FILE")
+    prov.add_allow_dirty(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p.parse_known_args(argv)
 
@@ -81,6 +83,7 @@ def ratios(s: dict) -> dict:
 
 def main(argv=None) -> int:
     a, serve_args = parse(argv)
+    start = prov.begin("scale", a.json, a.allow_dirty)
     names = [n for n in a.settings.split(",") if n]
     unknown = set(names) - set(SETTINGS)
     if unknown:
@@ -99,7 +102,7 @@ def main(argv=None) -> int:
     doc["ratios"] = ratios(doc["settings"])
     print(report(doc))
     if a.json:
-        bl.write_json(a.json, doc)
+        bl.write_json(a.json, prov.stamp(doc, start, a.model))
     ok = not doc.get("refused") and all(m["errors"] == 0 for m in doc["settings"].values())
     return 0 if ok else 1
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 
 
 from core.batch import build_batch
+from scripts.benchmarks import _provenance as prov
+from scripts.benchmarks import common as bl
 from core.sched import (FreeListBlocks, Request, SchedPolicy, Scheduler,
                         SchedulerConfig, StepOutput)
 
@@ -75,7 +76,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="best mean of this many repeats")
     ap.add_argument("--policy", choices=["fcfs", "priority"], default="priority")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    prov.add_allow_dirty(ap)
     args = ap.parse_args()
+    start = prov.begin("sched", args.json, args.allow_dirty)
     policy = SchedPolicy(args.policy)
     few, many = args.waiting
     runs: dict[int, list[float]] = {few: [], many: []}
@@ -93,12 +96,11 @@ def main() -> int:
     ratio = res[many] / res[few]
     print(f"ratio {many}/{few} waiting: {ratio:.3f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"running": args.running, "steps": args.steps, "repeats": args.repeats,
-                       "policy": args.policy, "us_per_step": {str(k): v for k, v in res.items()},
-                       "all_runs": {str(k): v for k, v in runs.items()}, "ratio": ratio,
-                   "build_batch_us": min(batch_runs)},
-                      f, indent=2)
+        bl.write_json(args.json, prov.stamp(
+            {"running": args.running, "steps": args.steps, "repeats": args.repeats,
+             "policy": args.policy, "us_per_step": {str(k): v for k, v in res.items()},
+             "all_runs": {str(k): v for k, v in runs.items()}, "ratio": ratio,
+             "build_batch_us": min(batch_runs)}, start, None))
     return 0
 
 

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
 
 
@@ -44,6 +45,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--vocab", type=int, help="vocabulary size (default: from the model)")
     p.add_argument("--timeout", type=float, default=600, help="client timeout, seconds")
     p.add_argument("--json", metavar="FILE", help="write the figures here")
+    prov.add_allow_dirty(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     a, serve_args = p.parse_known_args(argv)
     if a.address and serve_args:
@@ -123,6 +125,7 @@ def report(doc: dict) -> str:
 
 def main(argv=None) -> int:
     a, serve_args = parse(argv)
+    start = prov.begin("serve", a.json, a.allow_dirty)
     group = None
     if not a.address:
         from scripts.group.harness import start_group
@@ -141,7 +144,7 @@ def main(argv=None) -> int:
     doc["machine"] = bl.machine()
     print(report(doc))
     if a.json:
-        bl.write_json(a.json, doc)
+        bl.write_json(a.json, prov.stamp(doc, start, a.model))
     return 0 if doc["errors"] == 0 else 1
 
 

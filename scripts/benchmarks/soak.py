@@ -20,6 +20,7 @@ from pathlib import Path
 
 
 from frontend.client import AsyncClient
+from scripts.benchmarks import _provenance as prov
 from scripts.group.harness import start_group
 
 
@@ -148,14 +149,16 @@ def arguments(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    prov.add_allow_dirty(p)
     return p
 
 
-def report(out: dict, json_path: str | None, good: bool) -> int:
+def report(out: dict, json_path: str | None, good: bool, start: prov.RunStart) -> int:
     for k, v in out.items():
         print(f"  {k:<24} {v}")
     if json_path:
-        Path(json_path).write_text(json.dumps(out, indent=2, default=str))
+        Path(json_path).write_text(json.dumps(prov.stamp(out, start, "tiny"), indent=2,
+                                              default=str))
     return 0 if good else 1
 
 
@@ -163,10 +166,11 @@ def main(argv=None) -> int:
     p = arguments("scripts/bench soak")
     p.add_argument("--num-blocks", type=int, default=48)
     a = p.parse_args(argv)
+    start = prov.begin("soak", a.json, a.allow_dirty)
     out = soak(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-soak-")), a.num_blocks)
     good = (out["lost"] == out["wrong"] == 0 and out["ties"] <= out["requests"] // 200
             and out["blocks_back"] and out["log_verifies"])
-    return report(out, a.json, good)
+    return report(out, a.json, good, start)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
 
 PRIORITIES = (0, 1, 2)
@@ -54,6 +55,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--keep", metavar="DIR", help="keep A's and B's step logs here")
     p.add_argument("--json", metavar="FILE")
+    prov.add_allow_dirty(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     a, serve_args = p.parse_known_args(argv)
     if a.quick:
@@ -167,6 +169,7 @@ def main(argv=None) -> int:
     from replay.logfile import LogFile
     from replay.whatif import predict, recorded_figures
     a, serve_args = parse(argv)
+    start = prov.begin("whatif", a.json, a.allow_dirty)
     kb = knobs(a.b)
     knobs(a.a)   # refuse a flag whatif could not predict, before anything runs
     facts = bl.model_facts(a.model)
@@ -198,7 +201,7 @@ def main(argv=None) -> int:
     print(report(doc))
     print(f"prediction took {predict_s:.2f} s; step logs in {tmp}")
     if a.json:
-        bl.write_json(a.json, doc)
+        bl.write_json(a.json, prov.stamp(doc, start, a.model))
     return 0 if not failed else 1
 
 

@@ -1,0 +1,219 @@
+"""Each benchmark JSON's table as Markdown, and the line under it saying how it was measured
+(commit, date, load, model). Pure: a document in, text out; a key the JSON lacks (older
+JSONs predate _provenance.py) reads "unknown" or "-", never an error."""
+from __future__ import annotations
+
+import math
+
+UNKNOWN = "unknown"
+
+
+def num(v, fmt: str = ".1f") -> str:
+    if v is None or isinstance(v, str) or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return format(v, fmt)
+
+
+def get(doc, *path):
+    """doc[path[0]][path[1]]..., or None where any step is missing."""
+    for k in path:
+        if not isinstance(doc, dict) or k not in doc:
+            return None
+        doc = doc[k]
+    return doc
+
+
+def markdown(header: tuple, rows: list[tuple]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- provenance
+
+def provenance(doc: dict) -> str:
+    """commit (and whether dirty), date, load before and after, model."""
+    commit, dirty, date = doc.get("commit"), doc.get("dirty"), doc.get("date")
+    legacy = str(get(doc, "machine", "git_commit") or "")
+    if commit is None and legacy:         # older JSONs: machine.git_commit, "+dirty" suffixed
+        commit, dirty = legacy.removesuffix("+dirty"), legacy.endswith("+dirty")
+    date = date or get(doc, "machine", "date")
+    tree = UNKNOWN if dirty is None else "dirty" if dirty else "clean"
+    load = {k: UNKNOWN if doc.get(k) is None else num(doc[k], ".2f")
+            for k in ("load_before", "load_after")}
+    return (f"commit {(commit or UNKNOWN)[:7]} ({tree}), {date or UNKNOWN}, load "
+            f"{load['load_before']} before and {load['load_after']} after, "
+            f"model {model_text(doc['model']) if 'model' in doc else UNKNOWN}")
+
+
+def model_text(m) -> str:
+    if isinstance(m, list):
+        return " and ".join(model_text(x) for x in m) or "none"
+    if isinstance(m, str):
+        return f"{m} (weights {UNKNOWN})"
+    if not isinstance(m, dict):
+        return "none" if m is None else UNKNOWN
+    w = m.get("weights", UNKNOWN)
+    if w == "random":
+        return f"{m.get('name')} (random weights: preset {m.get('preset')}, seed {m.get('seed')})"
+    if m.get("sha256"):
+        return f"{m.get('name')} ({w} weights: {m.get('file')}, sha256 {m['sha256'][:12]})"
+    return f"{m.get('name')} ({w})"
+
+
+# ---------------------------------------------------------------- the kinds
+
+def kind(doc: dict) -> str | None:
+    """Which benchmark wrote `doc` (by its keys: older JSONs lack "benchmark")."""
+    if "levels" in doc and "llamacpp" in doc:
+        return "compare-llamacpp"
+    if "phases" in doc and "ratios" in doc:
+        return "compare"
+    for name, key in (("quality", "ppl_engine"), ("overhead", "null_steps"),
+                      ("whatif", "fit"), ("invariant", "cost")):
+        if key in doc:
+            return name
+    if "shared_t0" in (doc.get("on") or {}):
+        return "prefix"
+    if "settings" in doc and "ratios" in doc:
+        return "scale"
+    return None
+
+
+def table(doc: dict) -> str:
+    fn = TABLES.get(kind(doc))
+    return fn(doc) if fn else "(no table for this JSON)"
+
+
+def _ms_pair(f: dict, key: str) -> str:
+    return f"{num(get(f, key, 'p50'), ',.0f')} / {num(get(f, key, 'p99'), ',.0f')}"
+
+
+def compare_llamacpp(doc: dict) -> str:
+    rows = []
+    for c, row in (doc.get("levels") or {}).items():
+        for name, label in (("engine", "tl-engine"), ("llamacpp", "llama.cpp")):
+            f = row.get(name) or {}
+            if name == "engine":
+                hits = (f"{f['prefix_hit_tokens']} / {f['prefix_query_tokens']}"
+                        if "prefix_query_tokens" in f else "not recorded")
+                ratio = num(row.get("engine_over_llamacpp_tok_s"), ".2f")
+            else:
+                hits, ratio = "cache off", ""
+            rows.append((c, label, num(f.get("output_tok_s")), _ms_pair(f, "ttft_ms"),
+                         _ms_pair(f, "tpot_ms"), hits, ratio))
+    caches = doc.get("caches") or "not recorded (before each level started cold)"
+    return (markdown(("in flight", "system", "out tok/s", "TTFT p50 / p99 ms",
+                      "TPOT p50 / p99 ms", "prefix hit / query tokens", "tl-engine / llama.cpp"),
+                     rows) + f"\n\nCaches: {caches}.")
+
+
+COMPARE_LABELS = {"engine": "tl-engine (process group)",
+                  "hf_sequential": "transformers `generate`, one request at a time",
+                  "hf_static": "transformers `generate`, static batches",
+                  "hf_cb": "transformers continuous batching"}
+
+
+def compare(doc: dict) -> str:
+    rows = []
+    for n, label in COMPARE_LABELS.items():
+        ph = get(doc, "phases", n)
+        if ph is None:
+            continue
+        ag = get(doc, "agreement", n) or {}
+        ratio = "1.00" if n == "engine" else num(get(doc, "ratios", f"engine_over_{n}"), ".2f")
+        agree = (f"{round(ag['equal_frac'] * ag['compared'])} of {ag['compared']}"
+                 if ag.get("equal_frac") is not None else "-")
+        rows.append((label, ph.get("error", num(ph.get("tok_s"))), ph.get("requests_run", "-"),
+                     ratio, agree))
+    r = doc.get("rounds")
+    how = (f"{r['count']} rounds of {'/'.join(map(str, r['slices']))} requests, the systems "
+           "taking turns" if r else "the systems one after the other (no rounds recorded)")
+    return (markdown(("system", "tok/s", "requests run", "tl-engine / it", "greedy agreement"),
+                     rows) + f"\n\n{get(doc, 'workload', 'requests')} requests of the mixed "
+            f"workload; {how}.")
+
+
+def quality(doc: dict) -> str:
+    rel = lambda v: "-" if v is None else f"{100 * v:+.3g}%"  # noqa: E731
+    rows = [("tl-engine", num(doc.get("ppl_engine"), ".4f"), "-"),
+            ("transformers", num(doc.get("ppl_transformers"), ".4f"),
+             rel(doc.get("engine_vs_transformers"))),
+            ("llama.cpp `llama-perplexity`", num(doc.get("ppl_llamacpp"), ".4f"),
+             rel(doc.get("llamacpp_vs_engine")))]
+    g = doc.get("greedy") or {}
+    tail = (f"\n\nGreedy, first {g['first_tokens']} tokens of {g['requests']} chat prompts: "
+            f"{g['identical']} identical to llama-server's." if g else "")
+    return (markdown(("scorer", "perplexity", "vs the engine"), rows)
+            + f"\n\n{doc.get('tokens', '-')} tokens scored." + tail)
+
+
+def overhead(doc: dict) -> str:
+    rows = [(f"null model, {size} running: ms a step", num(f.get("step_ms"), ".2f"),
+             num(f.get("step_ms_no_overlap"), ".2f"))
+            for size, f in (doc.get("null") or {}).items()]
+    s = doc.get("smol") or {}
+    if s:
+        rows += [(f"smol, {s.get('batch')} running: step / forward in the run",
+                  num(s.get("step_over_forward_in_run"), ".3f"),
+                  num(s.get("step_over_forward_in_run_no_overlap"), ".3f")),
+                 (f"smol, {s.get('batch')} running: step / the same batches offline",
+                  num(s.get("step_over_forward"), ".3f"),
+                  num(s.get("step_over_forward_no_overlap"), ".3f"))]
+    return markdown(("case", "overlapped", "plain (`--no-overlap`)"), rows)
+
+
+PREFIX_WORKLOADS = {"shared_t0": "shared, t=0", "shared_steady": "shared, Poisson",
+                    "mixed": "mixed (no sharing)"}
+
+
+def prefix(doc: dict) -> str:
+    rows = []
+    for w, label in PREFIX_WORKLOADS.items():
+        for s in ("on", "off"):
+            f = get(doc, s, w) or {}
+            rows.append((label, s, num(get(f, "ttft_ms", "p50"), ",.0f"),
+                         num(get(f, "ttft_ms", "p99"), ",.0f"), num(f.get("output_tok_s")),
+                         num(f.get("hit_rate"), ".2f")))
+    for s in ("on", "off"):
+        rows.append(("chat", s, "", "", "", num(get(doc, s, "chat", "hit_rate"), ".2f")))
+    return markdown(("workload", "cache", "TTFT p50 ms", "TTFT p99 ms", "out tok/s",
+                     "hit rate"), rows)
+
+
+def settings(doc: dict, extra: tuple = ()) -> list[tuple]:
+    return [(name, *(f(m) for f in extra), num(m.get("output_tok_s")),
+             num(get(m, "ttft_ms", "p50"), ",.0f"), num(get(m, "tpot_ms", "p50")))
+            for name, m in (doc.get("settings") or {}).items()]
+
+
+def scale(doc: dict) -> str:
+    rows = settings(doc, (lambda m: " ".join(m.get("flags", [])),))
+    ratios = "; ".join(f"{k} {num(v, '.2f')}" for k, v in (doc.get("ratios") or {}).items())
+    return (markdown(("setting", "flags", "out tok/s", "TTFT p50 ms", "TPOT p50 ms"), rows)
+            + f"\n\n{get(doc, 'workload', 'requests')} requests; {ratios or '-'}.")
+
+
+def invariant(doc: dict) -> str:
+    cost = doc.get("cost") or {}
+    return (markdown(("batch-invariant", "out tok/s", "TTFT p50 ms", "TPOT p50 ms"),
+                     settings(doc))
+            + "\n\n" + "; ".join(f"{k} {num(v, '.3f')}" for k, v in cost.items()) + ".")
+
+
+WHATIF_FIGURES = ("makespan_s", "throughput_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")
+
+
+def whatif(doc: dict) -> str:
+    rows = [(run, fig, num(get(doc, run, "measured", fig), ",.1f"),
+             num(get(doc, run, "predicted", fig), ",.1f"),
+             num(None if get(doc, run, "errors", fig) is None
+                 else 100 * get(doc, run, "errors", fig), "+.1f") + "%")
+            for run in ("a", "b") for fig in WHATIF_FIGURES]
+    return (markdown(("run", "figure", "measured", "predicted", "error"), rows)
+            + f"\n\nB: `{doc.get('b_flags')}`, predicted from A's log.")
+
+
+TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
+          "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
+          "whatif": whatif}

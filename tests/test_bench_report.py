@@ -1,0 +1,110 @@
+"""`scripts/bench report` and what every benchmark JSON records: the committed README tables
+are what the report writes from the committed JSONs; a JSON from a dirty tree is refused
+unless --allow-dirty; the systems compared take turns round by round. Fast, no group."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scripts.benchmarks import _compare_shared as cs
+from scripts.benchmarks import _provenance as prov
+from scripts.benchmarks import _report_tables as rt
+from scripts.benchmarks import report
+
+
+def test_the_readme_tables_are_what_the_report_writes_from_the_committed_jsons(capsys):
+    assert report.main(["--check"]) == 0, capsys.readouterr().out[-3000:]
+
+
+def _root(tmp_path: Path, doc: dict) -> Path:
+    (tmp_path / "docs" / "bench").mkdir(parents=True)
+    (tmp_path / "docs" / "bench" / "quality.json").write_text(json.dumps(doc))
+    (tmp_path / "README.md").write_text(f"# x\n\n{report.BEGIN}\nold\n{report.END}\ntail\n")
+    return tmp_path
+
+
+def test_check_diffs_a_stale_table_and_write_brings_it_up_to_date(tmp_path, capsys):
+    root = _root(tmp_path, {"ppl_engine": 2.0, "ppl_transformers": 2.0, "tokens": 10})
+    assert report.main(["--check"], root=root) == 1
+    assert "+| tl-engine | 2.0000 | - |" in capsys.readouterr().out
+    assert report.main([], root=root) == 0 and report.main(["--check"], root=root) == 0
+    readme = (root / "README.md").read_text()
+    assert readme.startswith("# x\n\n") and readme.endswith(f"{report.END}\ntail\n")
+    assert "old" not in readme and "quality.json" in readme
+
+
+def test_a_readme_without_the_markers_is_refused(tmp_path):
+    root = _root(tmp_path, {"ppl_engine": 2.0})
+    (root / "README.md").write_text("# no markers\n")
+    assert report.main(["--check"], root=root) == 2
+
+
+def test_a_json_without_provenance_renders_unknown():
+    line = rt.provenance({"model": "smol"})
+    assert line.startswith("commit unknown (unknown), unknown, load unknown before")
+    assert "smol (weights unknown)" in line
+    assert rt.table({"no": "kind"}) == "(no table for this JSON)"
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root,
+                   check=True, capture_output=True)
+
+
+def test_a_json_from_a_dirty_tree_is_refused_unless_allowed(tmp_path, capsys):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "f").write_text("1")
+    _git(tmp_path, "add", "f")
+    _git(tmp_path, "commit", "-qm", "one")
+    clean = prov.begin("b", "out.json", False, root=tmp_path)
+    assert clean.dirty is False and len(clean.commit) == 40
+    (tmp_path / "f").write_text("2")
+    assert prov.begin("b", None, False, root=tmp_path).dirty      # no JSON: nothing refused
+    with pytest.raises(SystemExit) as e:
+        prov.begin("b", "out.json", False, root=tmp_path)
+    assert e.value.code == 2 and "--allow-dirty" in capsys.readouterr().err
+    start = prov.begin("b", "out.json", True, root=tmp_path)
+    doc = prov.stamp({"figure": 1, "model": "old"}, start, "tiny", root=tmp_path)
+    assert list(doc)[:len(prov.KEYS)] == list(prov.KEYS) and doc["dirty"] is True
+    assert doc["figure"] == 1 and doc["model"]["weights"] == "random"
+
+
+def test_a_tree_dirtied_during_the_run_is_recorded_dirty(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "f").write_text("1")
+    _git(tmp_path, "add", "f")
+    _git(tmp_path, "commit", "-qm", "one")
+    start = prov.begin("b", "out.json", False, root=tmp_path)
+    (tmp_path / "g").write_text("new")
+    assert prov.stamp({}, start, None, root=tmp_path)["dirty"] is True
+
+
+def test_model_records_say_random_or_trained():
+    tiny = prov.model_record("tiny")
+    assert tiny["weights"] == "random" and tiny["preset"] == "tiny-v2" and "seed" in tiny
+    trained = prov.model_record("smollm2")
+    assert trained["weights"] == "trained" and len(trained["sha256"]) == 64
+    assert prov.models_record(["null", "smol"])[1]["weights"] == "random"
+    assert prov.models_record(None) is None
+
+
+def test_turns_rotate_who_goes_first():
+    assert cs.turns(("engine", "a", "b"), 4) == [("engine", "a", "b"), ("a", "b", "engine"),
+                                                  ("b", "engine", "a"), ("engine", "a", "b")]
+    assert cs.turns(("llamacpp", "engine"), 2) == [("llamacpp", "engine"), ("engine", "llamacpp")]
+    assert cs.turns((), 2) == [(), ()]
+
+
+def test_split_cuts_the_workload_into_consecutive_slices():
+    assert cs.split(list(range(10)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert cs.split([1, 2], 5) == [[1], [2]]
+
+
+def test_warmup_prompts_are_no_prefix_of_the_workload():
+    from scripts.benchmarks import common as bl
+    reqs = [bl.Req(list(range(100 * i, 100 * i + 40)), 8) for i in range(3)]
+    for w in cs.warmup(reqs):
+        assert not any(r.prompt[:16] == w.prompt[:16] for r in reqs)
