@@ -174,7 +174,11 @@ def test_prompts_tokenized_whole_do_not_stall_the_loop(tmp_path):
     gaps, waited, results = run_attack(tmp_path, tokdir, attack)
     assert_400_too_long(results)
     assert all(f"reaches max_model_len {MAX_MODEL_LEN}" in r.message for r in results)
-    assert max(gaps) < SLOW_S + one / 2, (max(gaps), one)
+    # Tokenized on the loop, prompts ran back to back and a gap held two or more of them;
+    # on the thread the victim never waits a whole one (less when the machine is quiet, but
+    # on 2 busy cores the thread and the loop share what CPU the process gets).
+    one = max(one, tokenize_time(tokdir, attack))
+    assert max(gaps) < SLOW_S + one, (max(gaps), one)
     # fair queuing: the short prompt waits for the one in service, not for every attacker's
     assert waited < 3 * one, (waited, one)   # round robin: ~ATTACKERS x one
 
