@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import zmq
 
 from core.ipc.channel import Router, RouterError
-from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest, Delta,
+from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest,
+                              AddRequest, Delta,
                                Drain, ErrorReply, Generate, Hello, I32, ModelInfo, Ping, Pong,
                                ProtocolError, Stats)
 from frontend.core_side import CORE_DIED, CoreSide
@@ -41,7 +42,6 @@ from frontend.wakeup import Wakeup
 
 log = logging.getLogger("frontend")
 
-DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
 HEARTBEAT_S = 1.0
 CORE_CHECK_S = 0.25          # how often the cores' pids are checked (503s within 2 s of a death)
 PUMP_S = 0.002              # time on one socket before looking at the other (fairness:

@@ -247,7 +247,8 @@ def free_port() -> int:
 
 def main(argv=None) -> int:
     p = arguments("scripts/bench chaos")
-    p.add_argument("--faults", type=int, default=9)
+    p.add_argument("--faults", type=int, default=9,
+                   help="faults to inject (kills and stops, spread over the run)")
     p.add_argument("--spread", type=float, default=30.0, help="seconds over which requests arrive")
     a = p.parse_args(argv)
     out = chaos(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-chaos-")), a.spread, a.faults)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 
+from core import cli
 from core.config import CoreConfig, log_meta
 from core.ipc.protocol import ModelInfo, SamplingParams
 from core.sched import Request
@@ -49,12 +50,12 @@ def run(n: int, path: Path | None, checkpoint_s: float = CHECKPOINT_S) -> tuple[
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/bench log")
-    p.add_argument("--requests", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
+    p = cli.parser(prog="scripts/bench log")
+    p.add_argument("--requests", type=int, default=256, help="requests in the workload")
+    p.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     p.add_argument("--checkpoint-s", type=float, default=CHECKPOINT_S,
                    help="the writer's WAL checkpoint period ('inf': none but SQLite's own)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the figures here as JSON")
     a = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-log-"))
     off, on = [], []
