@@ -37,7 +37,7 @@ from frontend.silence import AwakeClock, Silence
 from frontend.token_bound import check_prompt_text
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizing import TokenizeQueue
-from frontend.validate import InvalidRequest, check_params, check_prompt_ids
+from frontend.validate import InvalidField, check_params, check_prompt_ids
 from frontend.wakeup import Wakeup
 
 log = logging.getLogger("frontend")
@@ -231,7 +231,7 @@ class Frontend(CoreSide, PromptSide):
                 check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len, fit)
                 return self.tokenizing.submit(ident, msg)
             check_prompt_ids(msg.prompt, self.info, fit)
-        except InvalidRequest as e:
+        except InvalidField as e:
             return self._error(ident, msg.request_id, e.code, str(e), e.field)
         self._admit(ident, msg, msg.prompt)
 

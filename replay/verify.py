@@ -7,6 +7,7 @@ and the prompt logprobs the step delivered, must equal the logged ones bit for b
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from core.config import engine_from_meta
@@ -57,7 +58,7 @@ def verify(log: LogFile, runner=None, progress: bool = False) -> Verdict:
     if engine.overlap:
         ahead = Ahead(engine, log, runner, prompt)
     n = 0
-    bar = Progress(log.num_steps(), "verify", enabled=progress)
+    bar = Progress(log.num_steps(), "verify", enabled=progress and sys.stderr.isatty())
     for row in log.steps():
         if row.step != n:
             return Verdict(n, Divergence(n, "steps", [f"step {n} missing (next is {row.step})"]))

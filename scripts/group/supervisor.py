@@ -33,7 +33,7 @@ from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
-from scripts.group.procs import Group
+from scripts.group.procs import Children
 from worker.load import model_problem
 
 REJOIN = 75             # a rank's exit status for "start me again" (worker/tp.py)
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     log = None if a.no_log else (a.log or default_log())
     ipc = tempfile.mkdtemp(prefix="tl-")
     cores = tuple(core for core, _ in replica_names(a.dp))
-    group = Group(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"))
+    group = Children(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"))
     try:
         return (supervise_joined if a.join else supervise)(group, a, log, stop)
     finally:
@@ -189,7 +189,7 @@ def run_ranks(a, stop) -> int:
     """serve --node-rank K: start this machine's ranks and keep them up. When one dies the
     group on node 0 is restarting (a rank's death fails rank 0's next collective, and rank
     0's death fails every rank's), so all of them start again and meet the new rank 0."""
-    group = Group(rank_commands(a), piped=())
+    group = Children(rank_commands(a), piped=())
     try:
         print(f"ready node {a.node_rank} ranks {','.join(n[4:] for n in group.procs)} "
               f"{a.dist_init}", flush=True)
@@ -214,7 +214,7 @@ def run_ranks(a, stop) -> int:
         group.stop(list(group.procs), grace=2.0)
 
 
-def supervise_joined(group: Group, a, log, stop) -> int:
+def supervise_joined(group: Children, a, log, stop) -> int:
     """serve --join: replicas only. A dead core starts again and joins as a new replica (the
     frontend re-ran its requests meanwhile); a refused one (exit 2) stops the group."""
     for core, _ in replica_names(a.dp):
@@ -238,7 +238,7 @@ def supervise_joined(group: Group, a, log, stop) -> int:
     return 0
 
 
-def supervise(group: Group, a, log, stop) -> int:
+def supervise(group: Children, a, log, stop) -> int:
     addr = group.wait_ready(a.startup_timeout)
     if addr is None:
         return report_death(group, "before ready")
@@ -274,7 +274,7 @@ def supervise(group: Group, a, log, stop) -> int:
     return 0
 
 
-def restart_replica(group: Group, a, core: str, log: str | None) -> None:
+def restart_replica(group: Children, a, core: str, log: str | None) -> None:
     """A new core and worker for the replica whose core died (its worker served only it)."""
     k = int(core[len("core"):] or 0)
     worker = "worker" + core[len("core"):]
@@ -288,7 +288,7 @@ def restart_replica(group: Group, a, core: str, log: str | None) -> None:
     group.spawn(worker)
 
 
-def restart(group: Group, a, name: str, code: int, n: int, log: str | None = None) -> bool:
+def restart(group: Children, a, name: str, code: int, n: int, log: str | None = None) -> bool:
     """Start `name` again; the frontend and gateway are waited for (False: they failed)."""
     print(f"serve: {name} exited with code {code}; starting a new one "
           f"({n}/{a.max_restarts} in {a.restart_window:.0f}s)", file=sys.stderr, flush=True)
@@ -318,7 +318,7 @@ def may_restart(restarts: list[float], a, name: str) -> bool:
     return True
 
 
-def report_death(group: Group, when: str) -> int:
+def report_death(group: Children, when: str) -> int:
     dead = group.dead()
     what = f"{dead[0]} exited with code {dead[1]}" if dead else "start-up timed out"
     print(f"serve: {what} {when}; stopping the group".replace("  ", " "), file=sys.stderr,
