@@ -22,7 +22,7 @@ from typing import ClassVar
 _JSON, _CLOCK = "json", "clock"
 
 # The step log's format: bump it when the tables or the state hash change meaning.
-# 3: the state hash takes block tables through core/table_ledger.py; 2: whole, every step.
+# 3: the state hash takes block tables through core/table_growth.py; 2: whole, every step.
 FORMAT = 3
 READABLE_FORMATS = (2, 3)
 

@@ -21,9 +21,9 @@ import zmq
 
 from core.ipc.channel import Router, RouterError
 from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest,
-                              AddRequest, Delta,
-                               Drain, ErrorReply, Generate, Hello, I32, ModelInfo, Ping, Pong,
-                               ProtocolError, Stats)
+                               AddRequest, Delta, Drain, ErrorReply, Generate, Hello, I32,
+                               ModelInfo, Ping, Pong, ProtocolError, Stats)
+from core.ipc.wire import peek_request_id
 from frontend.core_side import CORE_DIED, CoreSide
 from frontend.prompts import PromptSide
 from frontend.inflight import Inflight
@@ -31,7 +31,6 @@ from frontend.replica_stats import StatsQueries
 from frontend.joins import Joins
 from frontend.replicas import LocalReplica, Replica, least_loaded
 from frontend.request import RequestState
-from frontend.salvage import peek_request_id
 from frontend.sampling import failover_seed, sampling_of
 from frontend.silence import AwakeClock, Silence
 from frontend.token_bound import check_prompt_text

@@ -8,7 +8,7 @@ import pytest
 from core.ipc.protocol import F64, I32, Generate, ModelInfo, ProtocolError, StepEvents
 from frontend.events import RequestEvents, group_events
 from frontend.request import METRIC_KEYS, RequestState
-from frontend.salvage import peek_request_id
+from core.ipc.wire import peek_request_id
 from frontend.validate import InvalidField, check_params, check_prompt_ids
 
 INFO = ModelInfo("m", 8, 16, max_model_len=10, vocab_size=300, eos_ids=[256])
