@@ -143,6 +143,10 @@ class FinishReason(Enum):
     ABORT = "abort"
 
 
+# Their values, as the wire, the step log and the gateway's metrics carry them.
+FINISH_REASONS = tuple(r.value for r in FinishReason)
+
+
 @dataclass(slots=True)
 class TokenEvent:
     id: RequestId

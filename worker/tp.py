@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
+from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import ForwardBatch, Shutdown, decode, encode
 from worker.settings import LOAD_ERRORS, refuse
 
@@ -33,7 +34,6 @@ RENDEZVOUS_WAIT = datetime.timedelta(seconds=300)
 # rank 0 it met may be dying (docs/DESIGN.md, "Tensor parallel over machines").
 REMOTE_WAIT = datetime.timedelta(seconds=10)
 CLOSED = "tl/closed"
-REJOIN = 75   # exit status: start me again (not a fault; serve does not count it)
 MAX_FRAME = 1 << 30
 
 

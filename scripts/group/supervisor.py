@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from core import cli
 from core.ipc.channel import is_loopback
+from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
@@ -36,7 +37,6 @@ from scripts.group.commands import (commands, default_log, http_command, rank_co
 from scripts.group.procs import Children
 from worker.load import model_problem
 
-REJOIN = 75             # a rank's exit status for "start me again" (worker/tp.py)
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
                         # (it checks the core's pid every 0.25 s)
 
