@@ -10,7 +10,7 @@ from itertools import chain, islice, repeat
 from typing import Mapping, Sequence
 
 from core.ipc.protocol import F64, I32, I64, ForwardBatch, SamplingParams
-from core.kept_tables import KeptTables
+from core.table_growth import KeptTables
 
 GREEDY = SamplingParams()
 
@@ -33,7 +33,7 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
     spans[i - num_decode] and has `end` tokens in cache afterwards. Sample row j is
     sequence rows[j], sampled with params[j] as generated token number gen_index[j], never
     drawing a token of banned[j] (empty: no bans). Tables are padded with 0 to the widest,
-    through `kept` when given (a scheduler's live tables: core/kept_tables.py)."""
+    through `kept` when given (a scheduler's live tables: core/table_growth.py)."""
     dec = tokens[:num_decode]
     ctx = [len(t) for t in dec]
     ids = [t[-1] for t in dec]

@@ -34,7 +34,7 @@ class BlockSpace(Protocol):
 
     def block_table(self, id: Hashable) -> Sequence[int]:
         """id's blocks in position order; empty for an id holding none. While id holds
-        blocks this is one list that only grows at its end (core/kept_tables.py relies
+        blocks this is one list that only grows at its end (core/table_growth.py relies
         on it); a new allocation is a new list."""
         ...
 

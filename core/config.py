@@ -1,7 +1,6 @@
 """The core process's configuration: a frozen dataclass with its CLI and derived parts."""
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict, dataclass
 
 from core.engine import INT32_MAX, Engine
@@ -70,28 +69,37 @@ class CoreConfig:
         return asdict(self)
 
 
-def add_sched_args(p: argparse.ArgumentParser) -> None:
-    """The scheduling flags, shared by the core process and scripts/serve."""
-    p.add_argument("--max-seqs", type=int, default=256)
-    p.add_argument("--max-batch-tokens", type=int, default=2048)
-    p.add_argument("--max-waiting", type=int, default=4096)
-    p.add_argument("--policy", choices=["fcfs", "priority"], default="priority")
+def add_sched_args(p, kv=None, faults=None) -> None:
+    """The scheduling flags, shared by the core process and scripts/serve; `kv` and `faults`:
+    the argument groups for the prefix cache's flag and the step timeout (default `p`)."""
+    p.add_argument("--max-seqs", type=int, default=256, help="requests running at once")
+    p.add_argument("--max-batch-tokens", type=int, default=2048, help="tokens in one step")
+    p.add_argument("--max-waiting", type=int, default=4096,
+                   help="requests waiting for admission; more get 429")
+    p.add_argument("--policy", choices=["fcfs", "priority"], default="priority",
+                   help="the order of admission and preemption")
     p.add_argument("--aging-steps", type=int, default=32,
                    help="steps per priority level of aging; 0 = strict priority")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--preempt-margin", type=int, default=None)
-    p.add_argument("--prefill", choices=["chunked", "whole"], default="chunked")
-    p.add_argument("--max-chunk", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-timeout", type=float, default=60.0)
-    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="turn the prefix cache off (on by default)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context limit (default: the model's)")
+    p.add_argument("--preempt-margin", type=int, default=None,
+                   help="priority levels by which a waiting request preempts a running one"
+                        " (default: never)")
+    p.add_argument("--prefill", choices=["chunked", "whole"], default="chunked",
+                   help="a prompt may span steps (chunked) or runs in one")
+    p.add_argument("--max-chunk", type=int, default=512, help="prompt tokens of one chunk")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds sampled requests that bring none (with their seq_id)")
+    (faults or p).add_argument("--step-timeout", type=float, default=60.0,
+                               help="seconds a step may take before its worker is replaced")
+    (kv or p).add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                           help="turn the prefix cache off (on by default)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="plan each step only after the last one's tokens came back"
                         " (by default step N+1 is planned while the worker runs N)")
 
 
-def config_from_args(a: argparse.Namespace) -> CoreConfig:
+def config_from_args(a) -> CoreConfig:
     return CoreConfig(frontend_in=a.frontend_in, frontend_out=a.frontend_out,
                       worker_in=a.worker_in, worker_out=a.worker_out, max_seqs=a.max_seqs,
                       max_batch_tokens=a.max_batch_tokens, max_waiting=a.max_waiting,

@@ -15,14 +15,13 @@ import msgpack
 
 from core.batch import build_batch, sampled_ids
 from core.ipc.protocol import ForwardBatch, SamplingParams
-from core.kept_tables import KeptTables
 from core.logrecords import FORMAT, PromptLogprobsRecord, StepRecord
 from core.prompt_logprobs import PromptLogprobs
 from core.request_metrics import RequestClock
 from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
-from core.table_ledger import TableLedger
+from core.table_growth import KeptTables, TableLedger
 
 SEED_MASK = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
@@ -330,7 +329,7 @@ class Engine:
         (default: the last plan's)."""
         doc = schedule_json(out, self.last_hits if hits is None else hits)
         snapshot = self.sched.snapshot()
-        if self._ledger is not None:   # tables as lengths and appends (core/table_ledger.py)
+        if self._ledger is not None:   # tables as lengths and appends (core/table_growth.py)
             *counters, running = snapshot
             snapshot = (*counters, *self._ledger.entries(running))
         summary = getattr(self.sched.blocks, "summary", None)

@@ -1,15 +1,15 @@
-"""The step log's rows as records: one dataclass per table that a run appends rows to.
+"""The step log's schema: one dataclass per table, its rows as records.
 
 A record's fields, in order, are its table's columns (names and order pinned, docs/DESIGN.md
 "Step log columns"); a field's annotation is its column's type, and `json_column()` marks
 a value stored as JSON text. Everything else derives from the class: core/steplog.py makes
 the tables from `columns`, core/logsql.py writes a record with `insert_sql` and `values`,
 and replay (replay/logfile.py, replay/rows.py) reads with `select_sql` and builds the same
-class back, so that a column is named here once.
+class back, so that a column is named here once. `TABLES` is the whole schema.
 
-The requests table (written in two parts, at admission and at the finish) and meta keep
-their columns in core/steplog.py. The column names are the log's, not the code's:
-inputs.request_id, like requests.id, holds the scheduler's seq_id.
+The column names are the log's, not the code's: requests.id, inputs.request_id and
+prompt_logprobs.request_id hold the scheduler's seq_id (requests.client_request_id the
+client's request_id).
 
 No imports beyond the standard library: the engine, the writer thread and replay all use it.
 """
@@ -22,7 +22,7 @@ from typing import ClassVar
 _JSON, _CLOCK = "json", "clock"
 
 # The step log's format: bump it when the tables or the state hash change meaning.
-# 3: the state hash takes block tables through core/table_ledger.py; 2: whole, every step.
+# 3: the state hash takes block tables through core/table_growth.py; 2: whole, every step.
 FORMAT = 3
 READABLE_FORMATS = (2, 3)
 
@@ -42,6 +42,29 @@ def clock_column():
     """A field that says when or how long, not what happened: two runs of the same
     inputs differ in it (replay/diff.py ignores it)."""
     return field(metadata={_CLOCK: True})
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A request, written in two parts (core/logsql.py): every column but FINISH at
+    admission, FINISH when it ends (NULL until then). Logs made before `user` and
+    `arrival_time` existed lack those columns (replay/logfile.py reads them as NULL)."""
+    table: ClassVar[str] = "requests"
+    key: ClassVar[str] = "id"
+    FINISH: ClassVar[tuple] = ("finish_step", "finish_reason", "output_tokens")
+
+    id: int
+    client_request_id: str
+    arrival_step: int
+    prompt_tokens: list = json_column()
+    max_tokens: int
+    priority: int
+    sampling: dict = json_column()    # the SamplingParams fields and ignore_eos
+    finish_step: int | None
+    finish_reason: str | None
+    output_tokens: list | None = json_column()
+    user: str | None
+    arrival_time: float | None        # wall clock when the core read the request
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +177,24 @@ def values(record) -> tuple:
     """The record as the row `insert_sql` takes (JSON columns encoded)."""
     return tuple(getattr(record, name) if enc is None else enc(getattr(record, name))
                  for name, enc in _encoders(type(record)))
+
+
+# The run's meta: one row per key, its value as JSON (core/config.py log_meta).
+META = {"key": str, "value": str}
+# Every table: (its columns and types, its primary key). Logs made before gaps or prompt
+# logprobs existed lack those tables; readers take their absence for none.
+TABLES = {"meta": (META, "key"),
+          **{r.table: (columns(r), r.key)
+             for r in (RequestRecord, InputRecord, StepRecord, Gap, PromptLogprobsRecord)}}
+OPTIONAL_TABLES = (Gap.table, PromptLogprobsRecord.table)
+
+
+def admission_sql() -> str:
+    """The INSERT of a request at admission: every column but RequestRecord.FINISH."""
+    cols = [f.name for f in fields(RequestRecord) if f.name not in RequestRecord.FINISH]
+    return f"INSERT INTO requests ({', '.join(cols)}) VALUES ({','.join('?' * len(cols))})"
+
+
+def finish_sql() -> str:
+    """The UPDATE of a request at its finish: RequestRecord.FINISH, then its id."""
+    return f"UPDATE requests SET {'=?, '.join(RequestRecord.FINISH)}=? WHERE id=?"

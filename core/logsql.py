@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from core.logrecords import (Gap, InputRecord, PromptLogprobsRecord, StepRecord, insert_sql,
-                             values)
+from core.logrecords import (Gap, InputRecord, PromptLogprobsRecord, StepRecord, admission_sql,
+                             finish_sql, insert_sql, values)
 
 
 def write_batch(conn: sqlite3.Connection, batch: list[tuple]) -> None:
@@ -33,17 +33,13 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 def _write_request(conn, p) -> None:
     seq_id, request_id, arrival, prompt, max_tokens, priority, sampling, user, at = p
-    conn.execute("INSERT INTO requests (id, client_request_id, arrival_step, prompt_tokens,"
-                 " max_tokens, priority, sampling, user, arrival_time)"
-                 " VALUES (?,?,?,?,?,?,?,?,?)",
-                 (seq_id, request_id, arrival, json.dumps(prompt), max_tokens, priority,
-                  json.dumps(sampling), user, at))
+    conn.execute(admission_sql(), (seq_id, request_id, arrival, json.dumps(prompt), max_tokens,
+                                   priority, json.dumps(sampling), user, at))
 
 
 def _write_finish(conn, p) -> None:
     seq_id, step, reason, output = p
-    conn.execute("UPDATE requests SET finish_step=?, finish_reason=?, output_tokens=?"
-                 " WHERE id=?", (step, reason, json.dumps(output), seq_id))
+    conn.execute(finish_sql(), (step, reason, json.dumps(output), seq_id))
 
 
 def _insert(cls):

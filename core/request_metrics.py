@@ -31,12 +31,13 @@ class RequestClock:
             self.priority_at_admission = effective_priority(self.priority, step - self.arrival_step, cfg)
             self.cached_tokens = start
 
-    def figures(self, log: str | None, log_id: int | None) -> dict:
+    def figures(self, log: str | None, seq_id: int | None) -> dict:
+        """The metrics sent with the finish; the pinned key "log_id" holds the seq_id."""
         queued = (self.admitted if self.admitted is not None else time.monotonic()) - self.arrival
         return {"queue_ms": round(queued * 1e3, 3), "preemptions": self.preemptions,
                 "priority": self.priority_at_admission if self.admitted is not None
                 else float(self.priority),
-                "cached_tokens": self.cached_tokens, "log": log, "log_id": log_id}
+                "cached_tokens": self.cached_tokens, "log": log, "log_id": seq_id}
 
 
 def effective_priority(priority: int, waited_steps: int, cfg: SchedulerConfig) -> float:

@@ -392,8 +392,8 @@ class Scheduler:
         computed, B = self._advance_chunks()
         step = self._steps - 1
         get = self._reqs.get
-        for j, id in enumerate(ids):
-            r = get(id)
+        for j, seq_id in enumerate(ids):
+            r = get(seq_id)
             if r is None or r.sample_at != step:
                 continue
             r.sample_at = -1

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+# The scheduler's id of a request. Code calls it `seq_id`; the pinned API below keeps the
+# name `id` (Chunk.id, StepOutput.id, abort(id), ...), the step log's columns requests.id and
+# inputs.request_id hold it, and so does Result.metrics["log_id"] (core/request_metrics.py).
 RequestId = int
 # Priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]: by the scheduler, and before it
 # by the frontend and the gateway (frontend/limits.py). Keep this module import-light.
@@ -138,6 +141,10 @@ class FinishReason(Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+
+
+# Their values, as the wire, the step log and the gateway's metrics carry them.
+FINISH_REASONS = tuple(r.value for r in FinishReason)
 
 
 @dataclass(slots=True)

@@ -1,6 +1,7 @@
 """The step log: every input, ScheduleOutput and StepOutput of a run, in SQLite.
 
-Tables: meta, requests, inputs, steps, and gaps (steps that were not logged, see below);
+Tables (core/logrecords.py): meta, requests, inputs, steps, prompt_logprobs, and gaps
+(steps that were not logged, see below);
 JSON columns so that `sqlite-utils query` and datasette read a log as it is. WAL with
 synchronous=NORMAL and one transaction per step: a kill -9 loses nothing committed.
 
@@ -23,25 +24,11 @@ from dataclasses import asdict
 
 import sqlite_utils
 
-from core.logrecords import FORMAT, Gap, InputRecord, PromptLogprobsRecord, StepRecord, columns
+from core.logrecords import FORMAT, TABLES, Gap, InputRecord, PromptLogprobsRecord, StepRecord
 from core.logwriter import CHECKPOINT_S, Writer, say
 
 ON_ERROR = ("stop", "serve")
 MAX_BACKLOG = 1_000_000  # records (a step's outputs count one each): ~100 MB
-
-SCHEMA = {
-    "meta": ({"key": str, "value": str}, "key"),
-    "requests": ({"id": int, "client_request_id": str, "arrival_step": int,
-                  "prompt_tokens": str, "max_tokens": int, "priority": int, "sampling": str,
-                  "finish_step": int, "finish_reason": str, "output_tokens": str,
-                  "user": str, "arrival_time": float}, "id"),
-    **{r.table: (columns(r), r.key) for r in (InputRecord, StepRecord)},
-}
-# Logs made before gaps existed lack this table; readers take its absence for no gaps.
-GAPS = (columns(Gap), Gap.key)
-# Logs made before prompt logprobs lack this table; readers take its absence for none.
-PROMPT_LOGPROBS = (columns(PromptLogprobsRecord), PromptLogprobsRecord.key)
-
 
 def create(path: str) -> sqlite_utils.Database:
     """A new, empty log readable by its owner only."""
@@ -51,8 +38,7 @@ def create(path: str) -> sqlite_utils.Database:
     db = sqlite_utils.Database(path)
     db.enable_wal()
     db.execute("PRAGMA synchronous=NORMAL")
-    for name, (columns, pk) in {**SCHEMA, "gaps": GAPS,
-                                "prompt_logprobs": PROMPT_LOGPROBS}.items():
+    for name, (columns, pk) in TABLES.items():
         db[name].create(columns, pk=pk)
     return db
 

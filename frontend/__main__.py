@@ -15,8 +15,8 @@ import zmq
 
 from core.ipc.channel import is_loopback
 from core.ipc.lifeline import die_with_parent, exit_now
-from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES
-from frontend.process import DEFAULT_ADDRESS, Frontend, FrontendConfig
+from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
+from frontend.process import Frontend, FrontendConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

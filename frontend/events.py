@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.ipc.protocol import ProtocolError, StepEvents
+from core.sched_types import FINISH_REASONS
 
-REASONS = frozenset({"stop", "length", "abort"})
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _prompt(item) -> tuple[int, int, list]:
 def _finished(item) -> tuple[int, str, dict | None]:
     """[fid, reason] or [fid, reason, figures]."""
     if (isinstance(item, list) and len(item) in (2, 3) and type(item[0]) is int
-            and item[1] in REASONS and (len(item) == 2 or item[2] is None
+            and item[1] in FINISH_REASONS and (len(item) == 2 or item[2] is None
                                         or isinstance(item[2], dict))):
         return item[0], item[1], item[2] if len(item) == 3 else None
     raise ProtocolError(400, f"events: bad finished entry {item!r:.200}")

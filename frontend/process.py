@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import zmq
 
 from core.ipc.channel import Router, RouterError
-from core.ipc.protocol import (DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest, AddRequest, Delta,
-                               Drain, ErrorReply, Generate, Hello, I32, ModelInfo, Ping, Pong,
-                               ProtocolError, Stats)
+from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest,
+                               AddRequest, Delta, Drain, ErrorReply, Generate, Hello, I32,
+                               ModelInfo, Ping, Pong, ProtocolError, Stats)
+from core.ipc.wire import peek_request_id
 from frontend.core_side import CORE_DIED, CoreSide
 from frontend.prompts import PromptSide
 from frontend.inflight import Inflight
@@ -30,18 +31,16 @@ from frontend.replica_stats import StatsQueries
 from frontend.joins import Joins
 from frontend.replicas import LocalReplica, Replica, least_loaded
 from frontend.request import RequestState
-from frontend.salvage import peek_request_id
 from frontend.sampling import failover_seed, sampling_of
 from frontend.silence import AwakeClock, Silence
 from frontend.token_bound import check_prompt_text
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizing import TokenizeQueue
-from frontend.validate import InvalidRequest, check_params, check_prompt_ids
+from frontend.validate import InvalidField, check_params, check_prompt_ids
 from frontend.wakeup import Wakeup
 
 log = logging.getLogger("frontend")
 
-DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
 HEARTBEAT_S = 1.0
 CORE_CHECK_S = 0.25          # how often the cores' pids are checked (503s within 2 s of a death)
 PUMP_S = 0.002              # time on one socket before looking at the other (fairness:
@@ -231,7 +230,7 @@ class Frontend(CoreSide, PromptSide):
                 check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len, fit)
                 return self.tokenizing.submit(ident, msg)
             check_prompt_ids(msg.prompt, self.info, fit)
-        except InvalidRequest as e:
+        except InvalidField as e:
             return self._error(ident, msg.request_id, e.code, str(e), e.field)
         self._admit(ident, msg, msg.prompt)
 

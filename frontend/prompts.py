@@ -11,7 +11,7 @@ import logging
 from core.ipc.protocol import Delta, Generate
 from frontend.core_side import CORE_DIED
 from frontend.tokenizing import Job
-from frontend.validate import InvalidRequest, check_prompt_ids
+from frontend.validate import InvalidField, check_prompt_ids
 
 log = logging.getLogger("frontend")
 
@@ -27,7 +27,7 @@ class PromptSide:
         """On the loop: answer or admit every prompt the thread has finished."""
         for job in self.tokenizing.done():
             rid = job.msg.request_id
-            if isinstance(job.error, InvalidRequest):
+            if isinstance(job.error, InvalidField):
                 self._error(job.ident, rid, job.error.code, str(job.error), job.error.field)
             elif job.error is not None:
                 log.error("tokenizing request %r failed: %r", rid, job.error)

@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from frontend.validate import InvalidRequest
+from frontend.validate import InvalidField
 
 DROPS_TEXT = frozenset({"Whitespace", "WhitespaceSplit", "BertPreTokenizer",
                         "CharDelimiterSplit"})
@@ -65,9 +65,9 @@ def check_prompt_text(bound: TokenBound, text: str, max_model_len: int,
     why = (f"prompt of {len(text)} characters is at least {least} tokens (no token of this "
            f"tokenizer spells more than {bound.max_token_bytes} bytes)")
     if least >= max_model_len:
-        raise InvalidRequest(f"{why}, which reaches max_model_len {max_model_len}", "prompt")
+        raise InvalidField(f"{why}, which reaches max_model_len {max_model_len}", "prompt")
     if max_tokens is not None and least + max_tokens > max_model_len:
-        raise InvalidRequest(f"{why}; + max_tokens {max_tokens} is over max_model_len "
+        raise InvalidField(f"{why}; + max_tokens {max_tokens} is over max_model_len "
                              f"{max_model_len}", "max_tokens")
 
 

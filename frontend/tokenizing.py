@@ -34,7 +34,7 @@ class Job:
     ident: bytes
     msg: Generate
     ids: list[int] | None = None
-    error: Exception | None = None   # InvalidRequest (a 400) or what the tokenizer raised
+    error: Exception | None = None   # InvalidField (a 400) or what the tokenizer raised
 
     @property
     def key(self) -> tuple[bytes, str]:

@@ -1,7 +1,7 @@
 """Checks on a Generate that the protocol decoder cannot make (ranges, emptiness, lengths).
 
 Types, unknown and missing fields are the decoder's job (core.ipc.protocol.decode).
-Every failure is an InvalidRequest whose message and `field` name the field; the frontend
+Every failure is an InvalidField whose message and `field` name the field; the frontend
 answers it with code 400, the gateway with its own 400 (param = field). The bounds are in
 frontend/limits.py.
 """
@@ -17,7 +17,9 @@ from frontend.limits import (INT32_MAX, MAX_LOGPROBS, MAX_PENALTY, MAX_PRIORITY,
                              MIN_TEMPERATURE, SEED_LIMIT)
 
 
-class InvalidRequest(ValueError):
+class InvalidField(ValueError):
+    """A field out of its bounds: 400 naming it (the scheduler's own refusal of bad
+    arguments is core.sched_types.InvalidRequest)."""
     code = 400
 
     def __init__(self, message: str, field: str | None = None):
@@ -26,15 +28,15 @@ class InvalidRequest(ValueError):
 
 
 def check_params(msg: Generate, info: ModelInfo | None = None) -> None:
-    """Everything but the prompt's tokens; raises InvalidRequest. Without `info` the
+    """Everything but the prompt's tokens; raises InvalidField. Without `info` the
     model's bounds (max_model_len, vocab_size) give way to the wire types' bounds."""
     if not msg.request_id:
-        raise InvalidRequest("request_id must not be empty", "request_id")
+        raise InvalidField("request_id must not be empty", "request_id")
     if len(msg.request_id) > MAX_REQUEST_ID_CHARS:
-        raise InvalidRequest(f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
+        raise InvalidField(f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
                              f"got {len(msg.request_id)}", "request_id")
     if not msg.prompt:
-        raise InvalidRequest("prompt must not be empty", "prompt")
+        raise InvalidField("prompt must not be empty", "prompt")
     check_fields(msg, info.max_model_len if info else None, info.vocab_size if info else None)
 
 
@@ -44,7 +46,7 @@ def check_fields(req, max_model_len: int | None = None, vocab_size: int | None =
     _int_in("max_tokens", req.max_tokens, 1, max_model_len or INT32_MAX)
     _temperature(req.temperature)
     if not 0 < req.top_p <= 1:  # NaN fails too
-        raise InvalidRequest(f"top_p must be in (0, 1], got {req.top_p}", "top_p")
+        raise InvalidField(f"top_p must be in (0, 1], got {req.top_p}", "top_p")
     _int_in("top_k", req.top_k, 0, INT32_MAX if vocab_size is None else vocab_size)
     _int_in("priority", req.priority, -MAX_PRIORITY, MAX_PRIORITY)
     if req.seed is not None:
@@ -63,45 +65,45 @@ def _processors(req, vocab_size: int | None) -> None:
     _real_in("presence_penalty", req.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
     _real_in("frequency_penalty", req.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
     if not 0 < req.repetition_penalty <= MAX_REPETITION_PENALTY:
-        raise InvalidRequest(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
+        raise InvalidField(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
                              f"got {req.repetition_penalty}", "repetition_penalty")
     _int_in("min_tokens", req.min_tokens, 0, req.max_tokens)
     ids = req.stop_token_ids or ()
     if len(ids) > MAX_STOP_TOKEN_IDS:
-        raise InvalidRequest(f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, "
+        raise InvalidField(f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, "
                              f"got {len(ids)}", "stop_token_ids")
     for t in ids:
         _int_in("stop_token_ids", t, 0, (vocab_size or INT32_MAX + 1) - 1)
     if req.user is not None and len(req.user) > MAX_USER_CHARS:
-        raise InvalidRequest(f"user must be at most {MAX_USER_CHARS} characters", "user")
+        raise InvalidField(f"user must be at most {MAX_USER_CHARS} characters", "user")
 
 
 def _real_in(name: str, value: float, lo: float, hi: float) -> None:
     if not lo <= value <= hi:  # NaN fails too
-        raise InvalidRequest(f"{name} must be in [{lo:g}, {hi:g}], got {value}", name)
+        raise InvalidField(f"{name} must be in [{lo:g}, {hi:g}], got {value}", name)
 
 
 def _int_in(name: str, value: int, lo: int, hi: int) -> None:
     if not lo <= value <= hi:
-        raise InvalidRequest(f"{name} must be in [{lo}, {hi}], got {value!r:.40}", name)
+        raise InvalidField(f"{name} must be in [{lo}, {hi}], got {value!r:.40}", name)
 
 
 def _temperature(t: float) -> None:
     if t == 0 or (math.isfinite(t) and MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
         return
-    raise InvalidRequest(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+    raise InvalidField(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
                          f"{MAX_TEMPERATURE:g}], got {t}", "temperature")
 
 
 def _stops(stop: Sequence[str]) -> None:
     if len(stop) > MAX_STOPS:
-        raise InvalidRequest(f"stop must hold at most {MAX_STOPS} strings, got {len(stop)}",
+        raise InvalidField(f"stop must hold at most {MAX_STOPS} strings, got {len(stop)}",
                              "stop")
     if not all(stop):
-        raise InvalidRequest("stop strings must not be empty", "stop")
+        raise InvalidField("stop strings must not be empty", "stop")
     longest = max(map(len, stop), default=0)
     if longest > MAX_STOP_CHARS:
-        raise InvalidRequest(f"each stop string must be at most {MAX_STOP_CHARS} characters, "
+        raise InvalidField(f"each stop string must be at most {MAX_STOP_CHARS} characters, "
                              f"got one of {longest}", "stop")
 
 
@@ -109,14 +111,14 @@ def check_prompt_ids(ids: Sequence[int], info: ModelInfo, max_tokens: int | None
     """The tokenized prompt against the model: non-empty, in the vocabulary, short enough;
     with `max_tokens` (a request whose max_tokens must fit), short enough for those too."""
     if not ids:
-        raise InvalidRequest("prompt has no tokens", "prompt")
+        raise InvalidField("prompt has no tokens", "prompt")
     if len(ids) >= info.max_model_len:
-        raise InvalidRequest(
+        raise InvalidField(
             f"prompt of {len(ids)} tokens reaches max_model_len {info.max_model_len}", "prompt")
     if max_tokens is not None and len(ids) + max_tokens > info.max_model_len:
-        raise InvalidRequest(
+        raise InvalidField(
             f"prompt of {len(ids)} tokens + max_tokens {max_tokens} = {len(ids) + max_tokens} "
             f"tokens, over max_model_len {info.max_model_len}", "max_tokens")
     bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
-        raise InvalidRequest(f"prompt token {bad} outside [0, {info.vocab_size})", "prompt")
+        raise InvalidField(f"prompt token {bad} outside [0, {info.vocab_size})", "prompt")

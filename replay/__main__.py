@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from core import cli
 from replay.logfile import DamagedLog, LogFile
 
 
@@ -89,32 +90,32 @@ def cmd_plot(a) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scripts/replay", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("verify", help="re-run the log; exit 1 at the first divergent step")
+    p = cli.parser("scripts/replay", __doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    v = cli.command(sub, "verify", "re-run the log; exit 1 at the first divergent step")
     v.add_argument("--with-model", action="store_true", help="re-run the worker too")
-    v.add_argument("--device", help="with --with-model: run here instead of the log's device")
-    v.add_argument("--dtype", help="with --with-model: run in this dtype instead of the log's")
-    v.add_argument("file")
+    v.add_argument("--device", help="with --with-model: run here (default: the log's device)")
+    v.add_argument("--dtype", help="with --with-model: run in this dtype (default: the log's)")
+    v.add_argument("file", help="the step log")
     v.set_defaults(fn=cmd_verify)
-    s = sub.add_parser("summary", help="requests, steps, tokens, waits, KV use")
-    s.add_argument("file")
+    s = cli.command(sub, "summary", "requests, steps, tokens, waits, KV use")
+    s.add_argument("file", help="the step log")
     s.set_defaults(fn=cmd_summary)
-    r = sub.add_parser("request", help="one request's life")
-    r.add_argument("file")
-    r.add_argument("id", type=int)
+    r = cli.command(sub, "request", "one request's life")
+    r.add_argument("file", help="the step log")
+    r.add_argument("id", type=int, help="the request's seq_id (Result.metrics['log_id'])")
     r.add_argument("--rerun", action="store_true",
                    help="re-run it alone with the model and compare its tokens (replay/rerun.py)")
-    r.add_argument("--device", help="with --rerun: run here instead of the log's device")
-    r.add_argument("--dtype", help="with --rerun: run in this dtype instead of the log's")
+    r.add_argument("--device", help="with --rerun: run here (default: the log's device)")
+    r.add_argument("--dtype", help="with --rerun: run in this dtype (default: the log's)")
     r.set_defaults(fn=cmd_request)
-    d = sub.add_parser("diff", help="the first step where two logs differ")
-    d.add_argument("a")
-    d.add_argument("b")
+    d = cli.command(sub, "diff", "the first step where two logs differ")
+    d.add_argument("a", help="one step log")
+    d.add_argument("b", help="the other")
     d.set_defaults(fn=cmd_diff)
-    pl = sub.add_parser("plot", help="a timeline picture (needs matplotlib)")
-    pl.add_argument("file")
-    pl.add_argument("-o", "--output", required=True)
+    pl = cli.command(sub, "plot", "a timeline picture (needs matplotlib)")
+    pl.add_argument("file", help="the step log")
+    pl.add_argument("-o", "--output", required=True, help="the picture file (.png, .svg, ...)")
     pl.set_defaults(fn=cmd_plot)
     from replay.whatif import add_parsers   # whatif and trace (replay/whatif.py)
     add_parsers(sub)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from core.batch import fill_ahead
 from core.overlap import ABANDON
-from replay.verify import (Divergence, check_hash, check_plan, check_prompt_logprobs,
+from replay.checks import (Divergence, check_hash, check_plan, check_prompt_logprobs,
                            check_tokens)
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from core.config import layout_problem
 from core.engine import INT32_MAX
 from core.ipc.protocol import SamplingParams
-from frontend.validate import InvalidRequest, check_fields
+from frontend.validate import InvalidField, check_fields
 from replay.damage import DamagedLog, int_list, integer
 
 _DEFAULTS = asdict(SamplingParams())
@@ -50,6 +50,6 @@ def check_request(r: dict, b: Bounds, where: str) -> None:
                           priority=r["priority"], user=r.get("user"))
     try:
         check_fields(req, b.max_model_len, b.vocab_size)
-    except InvalidRequest as e:
+    except InvalidField as e:
         column = "sampling" if e.field in _DEFAULTS else e.field
         raise DamagedLog(f"{where} {column}: {e}") from None

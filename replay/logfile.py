@@ -6,9 +6,8 @@ import os
 import sqlite3
 from contextlib import contextmanager
 
-from core.logrecords import (READABLE_FORMATS, Gap, InputRecord, PromptLogprobsRecord,
-                             StepRecord, select_sql)
-from core.steplog import GAPS, SCHEMA
+from core.logrecords import (OPTIONAL_TABLES, READABLE_FORMATS, TABLES, Gap, InputRecord,
+                             PromptLogprobsRecord, StepRecord, select_sql)
 
 # logs made before these columns existed lack them
 OPTIONAL_COLUMNS = {("requests", "user"), ("requests", "arrival_time")}
@@ -26,7 +25,7 @@ def _connect(path: str) -> sqlite3.Connection:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as e:
         raise DamagedLog(f"{path}: not a step log (SQLite says: {e})") from None
-    missing = set(SCHEMA) - names
+    missing = set(TABLES) - set(OPTIONAL_TABLES) - names
     if missing:
         raise DamagedLog(f"{path}: not a step log (no table {', '.join(sorted(missing))})")
     return conn
@@ -61,8 +60,10 @@ class LogFile:
         return {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
     def _check_columns(self) -> None:
-        tables = {**SCHEMA, "gaps": GAPS} if "gaps" in self._tables() else SCHEMA
-        for name, (columns, _) in tables.items():
+        present = self._tables()
+        for name, (columns, _) in TABLES.items():
+            if name in OPTIONAL_TABLES and name not in present:
+                continue
             have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({name})")}
             for col in columns:
                 if col not in have and (name, col) not in OPTIONAL_COLUMNS:

@@ -1,4 +1,4 @@
-"""A small progress bar on stderr for long replays (only on a terminal, or when asked)."""
+"""A progress bar on stderr: done/total and the elapsed time (long replays, benchmarks)."""
 from __future__ import annotations
 
 import sys
@@ -6,20 +6,35 @@ import time
 
 
 class Progress:
-    def __init__(self, total: int, label: str, enabled: bool = True, every: float = 0.2):
-        self.total, self.label = max(total, 1), label
-        self.enabled = enabled and sys.stderr.isatty()
-        self.every, self.last = every, 0.0
+    """`update(done)` or `tick()` per item; drawn at most every `every` seconds, and at
+    the end. `close()` ends the line of a bar left unfinished."""
+
+    def __init__(self, total: int, label: str = "", enabled: bool = True, every: float = 0.1):
+        self.total, self.done, self.label, self.every = total, 0, label, every
+        self.enabled = enabled and total > 0
+        self.t0 = self._last = time.perf_counter()
+        self._draw()
+
+    def tick(self) -> None:
+        self.update(self.done + 1)
 
     def update(self, done: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last < self.every and done < self.total):
-            return
-        self.last = now
-        filled = int(30 * done / self.total)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total}")
-        sys.stderr.flush()
+        self.done = done
+        now = time.perf_counter()
+        if self.done >= self.total or now - self._last >= self.every:
+            self._last = now
+            self._draw()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.done < self.total:
             sys.stderr.write("\n")
+
+    def _draw(self) -> None:
+        if not self.enabled:
+            return
+        filled = 30 * min(self.done, self.total) // self.total
+        sys.stderr.write(f"\r  {self.label} [{'#' * filled}{'.' * (30 - filled)}] "
+                         f"{self.done}/{self.total} {time.perf_counter() - self.t0:6.1f}s")
+        if self.done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()

@@ -6,13 +6,13 @@ from operator import itemgetter
 
 from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
+from core.sched_types import FINISH_REASONS
 from replay.bounds import Bounds, check_request, meta_bounds
 from replay.damage import (DamagedLog, boolean, clock, int_list, integer, mapping, number,
                            one_of, optional, parsed, rows, text, within)
 
 # stop: a stop string ended it; abandon: an overlapped step dropped unlaunched (core/overlap.py)
 INPUT_KINDS = {"add", "abort", "stop", "restart", "abandon"}
-FINISH_REASONS = {"stop", "length", "abort"}
 SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
             "seed": lambda v, w: optional(integer, v, w), "ignore_eos": boolean,
             "min_p": number, "presence_penalty": number, "frequency_penalty": number,

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from replay.timeline import Step
 from replay.trace import TraceError
+from worker.linear import ROW_ALIGN
 
 WORK = ("const", "prefill_tokens", "prefill_attn_k", "prefill_seqs", "decode_rows",
         "decode_ctx_k")
-ROW_ALIGN = 4        # the worker's linear layers run on row counts padded to a multiple of 4
 KNOTS = (*range(ROW_ALIGN, 65, ROW_ALIGN), 128, 256)
 FORWARD = (*WORK, *(f"tokens_over_{k}" for k in KNOTS))
 GAP = ("const", "prev_tokens")

@@ -10,6 +10,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
+from core import cli
 from replay.logfile import LogFile
 from replay.runmetrics import by_priority, metrics
 from replay.simulate import KNOBS, Knobs, Simulated, scheduler_for, simulate
@@ -23,13 +24,19 @@ PRIORITY_ROWS = ROWS[2:8]   # the latencies
 
 
 def add_parsers(sub) -> None:
-    w = sub.add_parser("whatif", help="predict the log's traffic under another configuration")
+    w = cli.command(sub, "whatif", "predict the log's traffic under another configuration")
     w.add_argument("file", nargs="?", help="the step log (or --trace with --step-model)")
-    w.add_argument("--policy", choices=["fcfs", "priority"])
-    for name in ("aging-steps", "max-seqs", "max-batch-tokens", "num-blocks", "max-chunk",
-                 "preempt-margin"):
-        w.add_argument(f"--{name}", type=int)
-    w.add_argument("--prefill", choices=["whole", "chunked"])
+    w.add_argument("--policy", choices=["fcfs", "priority"],
+                   help="the order of admission and preemption (default: the log's)")
+    for name, what in (("aging-steps", "steps per priority level of aging"),
+                       ("max-seqs", "requests running at once"),
+                       ("max-batch-tokens", "tokens in one step"),
+                       ("num-blocks", "KV blocks in the pool"),
+                       ("max-chunk", "prompt tokens of one chunk"),
+                       ("preempt-margin", "priority levels for a waiting request to preempt")):
+        w.add_argument(f"--{name}", type=int, help=f"{what} (default: the log's)")
+    w.add_argument("--prefill", choices=["whole", "chunked"],
+                   help="prefill policy (default: the log's)")
     w.add_argument("--load", type=float, default=1.0, help="arrival rate factor (2.0: twice)")
     w.add_argument("--json", help="write recorded, predicted and fit here")
     w.add_argument("--plot", help="draw the predicted timeline beside the recorded one")
@@ -37,10 +44,10 @@ def add_parsers(sub) -> None:
     w.add_argument("--trace", help="a CSV trace (scripts/replay trace) to simulate instead")
     w.add_argument("--step-model", help="with --trace: the log to fit the step-time model on")
     w.set_defaults(fn=cmd_whatif)
-    t = sub.add_parser("trace", help="the log's traffic as arrival_s,prompt_tokens,"
-                                     "output_tokens,priority")
-    t.add_argument("file")
-    t.add_argument("-o", "--output", required=True)
+    t = cli.command(sub, "trace", "the log's traffic as a CSV of arrival_s,prompt_tokens,"
+                                  "output_tokens,priority")
+    t.add_argument("file", help="the step log")
+    t.add_argument("-o", "--output", required=True, help="the CSV file")
     t.set_defaults(fn=cmd_trace)
 
 

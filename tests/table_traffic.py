@@ -1,6 +1,6 @@
 """Random traffic through a pool small enough to preempt, so block tables are freed,
 allocated anew and grown: what tests of code that keeps tables between steps run over
-(core/kept_tables.py, core/table_ledger.py)."""
+(core/table_growth.py)."""
 from __future__ import annotations
 
 import random

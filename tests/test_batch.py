@@ -9,7 +9,7 @@ import torch
 
 from core.batch import build_batch, sampled_ids, slots
 from core.ipc.protocol import I32, SamplingParams
-from core.kept_tables import KeptTables
+from core.table_growth import KeptTables
 from core.prefix_cache import PrefixCacheBlocks
 from core.sched import Chunked, FreeListBlocks, Request, Scheduler, SchedulerConfig, StepOutput
 from tests.table_traffic import BS, traffic

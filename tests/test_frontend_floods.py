@@ -63,11 +63,11 @@ VOCAB_EXTRA = 300
 
 def test_the_precheck_names_max_tokens_when_they_must_fit():
     from frontend.token_bound import check_prompt_text
-    from frontend.validate import InvalidRequest
+    from frontend.validate import InvalidField
     bound = TokenBound.of(HF(build_tokenizer(VOCAB_EXTRA)))     # L = 13
     check_prompt_text(bound, "x" * 1300, 128, 27)                # >= 100 tokens + 27 fit
     for text, max_tokens, field in [("x" * 1300, 29, "max_tokens"), ("x" * 1665, None, "prompt")]:
-        with pytest.raises(InvalidRequest) as e:
+        with pytest.raises(InvalidField) as e:
             check_prompt_text(bound, text, 128, max_tokens)
         assert e.value.field == field and "at least" in str(e.value)
 

@@ -8,8 +8,8 @@ import pytest
 from core.ipc.protocol import F64, I32, Generate, ModelInfo, ProtocolError, StepEvents
 from frontend.events import RequestEvents, group_events
 from frontend.request import METRIC_KEYS, RequestState
-from frontend.salvage import peek_request_id
-from frontend.validate import InvalidRequest, check_params, check_prompt_ids
+from core.ipc.wire import peek_request_id
+from frontend.validate import InvalidField, check_params, check_prompt_ids
 
 INFO = ModelInfo("m", 8, 16, max_model_len=10, vocab_size=300, eos_ids=[256])
 
@@ -30,7 +30,7 @@ def gen(**kw) -> Generate:
     dict(stop=["s" * 257]),
 ])
 def test_check_params_refuses(kw):
-    with pytest.raises(InvalidRequest) as e:
+    with pytest.raises(InvalidField) as e:
         check_params(gen(**kw))
     field = next(iter(kw))
     assert e.value.field == field and field in str(e.value)
@@ -39,7 +39,7 @@ def test_check_params_refuses(kw):
 @pytest.mark.parametrize("kw", [dict(max_tokens=11), dict(top_k=301, max_tokens=5)])
 def test_check_params_with_the_model_refuses(kw):
     check_params(gen(**kw))  # in the wire types' range: only the model knows better
-    with pytest.raises(InvalidRequest) as e:
+    with pytest.raises(InvalidField) as e:
         check_params(gen(**kw), INFO)
     assert e.value.field == next(iter(kw))
 
@@ -55,7 +55,7 @@ def test_check_params_accepts_edges():
 
 @pytest.mark.parametrize("ids", [[], [-1], [300], [1] * 10])
 def test_check_prompt_ids_refuses(ids):
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidField):
         check_prompt_ids(ids, INFO)
 
 
@@ -65,12 +65,12 @@ def test_check_prompt_ids_accepts_up_to_limit():
 
 def test_check_prompt_ids_names_the_field_and_fits_max_tokens_when_asked():
     for ids, field in (([], "prompt"), ([300], "prompt"), ([1] * 10, "prompt")):
-        with pytest.raises(InvalidRequest) as e:
+        with pytest.raises(InvalidField) as e:
             check_prompt_ids(ids, INFO)
         assert e.value.field == field
     check_prompt_ids([1] * 7, INFO)                 # no max_tokens given: cut at the context
     check_prompt_ids([1] * 7, INFO, max_tokens=3)   # 7 + 3 = max_model_len: fits
-    with pytest.raises(InvalidRequest) as e:
+    with pytest.raises(InvalidField) as e:
         check_prompt_ids([1] * 7, INFO, max_tokens=4)
     assert e.value.field == "max_tokens" and "11" in str(e.value)
 

@@ -22,7 +22,8 @@ from replay.rerun import Rerun
 from scripts.group.commands import commands
 from scripts.group.supervisor import parse
 from worker import native
-from worker.invariant import _plan, row_linear
+from worker.linear.dispatch import row_linear
+from worker.linear.rows import _plan
 from worker.load import make_runner
 
 from tests.checkpoints import make_checkpoint

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker import packed
+from worker.linear import dispatch, packed
 from worker.handmade import generate_alone
 from worker.load import make_runner
 
@@ -22,7 +22,7 @@ def test_packed_linear_equals_dense(shape):
     layer = nn.Linear(40, 96)
     w, b = layer.weight.detach(), layer.bias.detach()
     x = torch.randn(*shape)
-    got = packed.linear(x, packed.pack_weight(w), b)
+    got = dispatch.linear(x, packed.pack_weight(w), b)
     assert got.shape == F.linear(x, w, b).shape
     torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
@@ -53,7 +53,7 @@ def test_fused_block_answers_like_the_dense_one_whatever_it_is_handed():
     dense = [m(t).detach() for m, t in ((block.q, x), (block.k, y), (block.v, x))]
     want = block(x).detach()
     packed.pack(block, packed.siblings(block, lambda: block(x)))
-    assert packed.is_packed(block.o.weight) and block.q.weight.numel() == 0
+    assert dispatch.is_packed(block.o.weight) and block.q.weight.numel() == 0
     torch.testing.assert_close(block(x), want, atol=1e-5, rtol=1e-5)
     # k handed another tensor than q and v: the product is recomputed for it
     got = [block.q(x), block.k(y), block.v(x)]
@@ -76,7 +76,7 @@ def test_runner_packs_every_linear_and_keeps_the_embedding(runners):
     dense, fast = runners
     linears = [m for m in fast.model.modules() if isinstance(m, nn.Linear)]
     assert linears and not any(isinstance(m.weight, nn.Parameter) for m in linears)
-    assert not any(packed.is_packed(m.weight) for m in dense.model.modules()
+    assert not any(dispatch.is_packed(m.weight) for m in dense.model.modules()
                    if isinstance(m, nn.Linear))
     assert isinstance(fast.model.get_input_embeddings().weight, nn.Parameter)
 

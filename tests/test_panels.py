@@ -1,4 +1,4 @@
-"""The panel linear layers (worker/panels.py, docs/DESIGN.md "Panel linear layers"): F.linear's
+"""The panel linear layers (worker/linear/panels.py, docs/DESIGN.md "Panel linear layers"): F.linear's
 results up to fp32 rounding, every row bit for bit the same whatever the call's other rows
 and thread count, taken where the output count fits the panels and nowhere else, and a
 runner on them generating what the dense one does."""
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker import packed, panels
+from worker.linear import dispatch, packed, panels
 from tests.test_packed import assert_generates_alike
 from worker.load import make_runner
 
@@ -28,7 +28,7 @@ def layer(out: int, k: int, bias: bool = True) -> tuple[torch.Tensor, torch.Tens
 def test_panel_linear_equals_f_linear(shape, bias):
     w, b = layer(96, shape[-1], bias)
     x = torch.randn(*shape)
-    got = packed.linear(x, packed.pack_weight(w), b)
+    got = dispatch.linear(x, packed.pack_weight(w), b)
     want = F.linear(x, w, b)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

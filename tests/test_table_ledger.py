@@ -1,4 +1,4 @@
-"""The state hash's view of the block tables (core/table_ledger.py): lengths every step and
+"""The state hash's view of the block tables (core/table_growth.py): lengths every step and
 each block once, from which every table can be rebuilt exactly at every step."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from core.prefix_cache import PrefixCacheBlocks
 from core.sched import FreeListBlocks
-from core.table_ledger import TableLedger
+from core.table_growth import TableLedger
 from tests.table_traffic import traffic
 
 

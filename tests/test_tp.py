@@ -22,7 +22,7 @@ from tests.test_group_lifecycle import wait_dead
 # qwen2_dir: a Qwen2-shaped checkpoint (biases, 6 heads / 2 KV heads: 1 per rank)
 from tests.test_worker_engine import alone, prompts, qwen2_dir, stock_greedy  # noqa: F401
 from worker.load import make_runner, resolve_model
-from worker.tp import check_split
+from worker.archs import check_split
 
 TP2 = ["--tp", "2", "--num-blocks", "128"]
 
@@ -179,7 +179,7 @@ def test_spread_ranks_need_a_rendezvous_and_a_divisible_tp():
         assert "--nnodes" in p.stderr or "--allow-remote" in p.stderr, p.stderr
 
 
-# The families of worker/tp.py's CHECKED beyond llama and qwen2, each on its test checkpoint
+# The families of worker/archs.py's CHECKED beyond llama and qwen2, each on its test checkpoint
 # (tests/test_arch_families.py) with 2 KV heads, so that 2 ranks hold one each.
 @pytest.mark.slow  # ~30 s each on two shared cores
 @pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma", "gemma2", "granite",

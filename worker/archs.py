@@ -9,6 +9,10 @@ SUPPORTED = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo2", "granite",
     "starcoder2", "gpt2", "gpt_neox", "mixtral",
 })
+# Families whose greedy tokens over 2 ranks (worker/tp.py) tests/test_tp.py matches with one
+# process's; as above, the others are refused rather than served unchecked.
+CHECKED = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "granite",
+                     "starcoder2", "mixtral"})
 LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
@@ -56,3 +60,23 @@ def windows(config) -> tuple[int, ...]:
 def plain_attention(config) -> bool:
     """No sliding window and no softcap: what the C decode kernel (worker/native.py) computes."""
     return not windows(config) and not getattr(config, "attn_logit_softcapping", None)
+
+
+def check_split(config, tp: int) -> None:
+    """ValueError saying why the model cannot be split over `tp` ranks."""
+    if tp < 1:
+        raise ValueError(f"--tp must be at least 1, not {tp}")
+    if tp == 1:
+        return
+    kind = getattr(config, "model_type", None)
+    if not getattr(config, "base_model_tp_plan", None):
+        raise ValueError(f"model_type {kind!r} has no tensor-parallel plan in transformers; "
+                         "it runs with --tp 1 only")
+    if kind not in CHECKED:
+        raise ValueError(f"model_type {kind!r} is not checked under tensor parallel "
+                         f"(checked: {', '.join(sorted(CHECKED))}); it runs with --tp 1 only")
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for n, what in ((heads, "attention heads"), (kv_heads, "KV heads")):
+        if n % tp:
+            raise ValueError(f"--tp {tp} does not divide the model's {n} {what}")

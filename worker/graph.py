@@ -39,7 +39,8 @@ def ops() -> torch.library.Library:
     """`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear` and `tl::paged_decode`,
     registered once per process (the Library must stay alive for them to stay registered:
     the cache holds it)."""
-    from worker import invariant, native, packed, panels
+    from worker import native
+    from worker.linear import dispatch, panels
 
     lib = torch.library.Library("tl", "DEF")
     lib.define("packed_linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
@@ -47,9 +48,9 @@ def ops() -> torch.library.Library:
     lib.define("row_linear(Tensor x, Tensor w, Tensor? b, int tile) -> Tensor")
     lib.define("paged_decode(Tensor q, Tensor k, Tensor v, Tensor tables, Tensor ctx, "
                "float scale) -> Tensor")
-    lib.impl("packed_linear", packed.packed_linear, "CompositeExplicitAutograd")
+    lib.impl("packed_linear", dispatch.packed_linear, "CompositeExplicitAutograd")
     lib.impl("panel_linear", panels.panel_linear, "CompositeExplicitAutograd")
-    lib.impl("row_linear", invariant.padded_linear, "CompositeExplicitAutograd")
+    lib.impl("row_linear", dispatch.padded_linear, "CompositeExplicitAutograd")
     lib.impl("paged_decode", native.kernel_decode, "CompositeExplicitAutograd")
     return lib
 

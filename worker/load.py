@@ -109,19 +109,19 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
 def load_model(path: Path, device: str = "cpu", dtype: str = "float32", tp: int = 1):
     """The checkpoint as a transformers model whose attention is the paged one; ValueError
     for an architecture or config feature it does not serve exactly (worker/archs.py), or a
-    model that cannot be split over `tp` ranks (worker/tp.py)."""
+    model that cannot be split over `tp` ranks."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from worker import archs, attention, tp as tensor_parallel
+    from worker import archs, attention
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device cuda requested but torch sees no CUDA device")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     archs.check(config)
-    tensor_parallel.check_split(config, tp)
+    archs.check_split(config, tp)
     attention.register()
     split = {}
     if tp > 1:  # transformers places each shard on this rank's device

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
-from worker import archs, graph, invariant, native, packed, prompt_scores
+from worker import archs, graph, invariant, native, prompt_scores
+from worker.linear import packed, rows
 from worker.attention import KWARG
 from worker.handmade import Part, make_batch
 from worker.sampler import sample_step
@@ -31,9 +32,9 @@ class ModelRunner:
         if packed.usable(model, info.tp):   # docs/DESIGN.md, "Packed linear layers"
             groups = packed.siblings(model, self.probe)
             weights = packed.pack(model, groups,
-                                  invariant.matmul_plan if self.per_row else packed.dense_plan)
+                                  rows.matmul_plan if self.per_row else packed.dense_plan)
         elif self.per_row:
-            invariant.make_invariant(model)
+            rows.make_invariant(model)
         if (self.native or self.per_row) and info.tp == 1:   # "The decode graph"
             self.graph = graph.capture(self, weights)
 

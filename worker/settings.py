@@ -38,12 +38,11 @@ def _check_config(model, tp, dtype, block_size, num_blocks, kv_memory, max_model
 
     from worker import archs, kv
     from worker.load import DTYPES, context_limit, resolve_model
-    from worker.tp import check_split
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}")
     config = AutoConfig.from_pretrained(resolve_model(model), local_files_only=True)
     archs.check(config)
-    check_split(config, tp)
+    archs.check_split(config, tp)
     limit = context_limit(config, max_model_len)
     kv.size_pool(kv.kv_shape(config, tp), block_size, getattr(torch, dtype), limit, num_blocks,
                  kv_memory)

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
+from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import ForwardBatch, Shutdown, decode, encode
 from worker.settings import LOAD_ERRORS, refuse
 
@@ -33,36 +34,11 @@ RENDEZVOUS_WAIT = datetime.timedelta(seconds=300)
 # rank 0 it met may be dying (docs/DESIGN.md, "Tensor parallel over machines").
 REMOTE_WAIT = datetime.timedelta(seconds=10)
 CLOSED = "tl/closed"
-REJOIN = 75   # exit status: start me again (not a fault; serve does not count it)
 MAX_FRAME = 1 << 30
-# Families whose greedy tokens over 2 ranks tests/test_tp.py matches with one process's; as
-# in worker/archs.py, the others are refused rather than served unchecked.
-CHECKED = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "granite",
-                     "starcoder2", "mixtral"})
 
 
 def _log(rank: int, msg: str) -> None:
     print(f"[worker rank {rank}] {msg}", file=sys.stderr, flush=True)
-
-
-def check_split(config, tp: int) -> None:
-    """ValueError saying why the model cannot be split over `tp` ranks."""
-    if tp < 1:
-        raise ValueError(f"--tp must be at least 1, not {tp}")
-    if tp == 1:
-        return
-    kind = getattr(config, "model_type", None)
-    if not getattr(config, "base_model_tp_plan", None):
-        raise ValueError(f"model_type {kind!r} has no tensor-parallel plan in transformers; "
-                         "it runs with --tp 1 only")
-    if kind not in CHECKED:
-        raise ValueError(f"model_type {kind!r} is not checked under tensor parallel "
-                         f"(checked: {', '.join(sorted(CHECKED))}); it runs with --tp 1 only")
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    for n, what in ((heads, "attention heads"), (kv_heads, "KV heads")):
-        if n % tp:
-            raise ValueError(f"--tp {tp} does not divide the model's {n} {what}")
 
 
 def main(a, argv: list[str]) -> int:

@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
+# A child's exit status for "start me again": not a fault, serve does not count it as a
+# restart (a tensor-parallel rank on another machine that found no rank 0 to meet, worker/tp.py).
+REJOIN = 75
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

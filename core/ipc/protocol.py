@@ -12,6 +12,9 @@ from typing import Any, Union
 from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError, decode,  # noqa: F401
                        encode, message)
 
+# Where clients find the frontend unless told otherwise (scripts/serve --address, Client).
+DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
+
 # ---------------------------------------------------------------- shared payloads
 
 @dataclass

@@ -13,15 +13,13 @@ from typing import Iterator
 import zmq
 
 from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
-from frontend.client.common import (LOST_CONNECTION, ClientError, Result, as_error, close_dealer,
-                                    decode_reply, duplicate_error, ends, open_dealer, settle,
-                                    takes_request, timeout_error)
+from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
+                                    Result, as_error, close_dealer, decode_reply,
+                                    duplicate_error, ends, generate_of, open_dealer, settle,
+                                    timeout_error)
 
 
-CLOSE_LINGER_MS = 250  # a last Abort still leaves when the client closes right after it
-
-
-class Client:
+class Client(RequestStream):
     def __init__(self, address: str, timeout: float = 60):
         self.address, self.timeout = address, timeout
         self._ctx = zmq.Context()
@@ -47,19 +45,19 @@ class Client:
 
     # ------------------------------------------------------------ the API
 
-    @takes_request
-    def generate(self, msg: Generate) -> Result:
+    def generate(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                 stop=None, priority=0, ignore_eos=False, request_id=None, *, logprobs=None,
+                 min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
+                 min_tokens=0, stop_token_ids=None, include_stop_str_in_output=False,
+                 skip_special_tokens=True, add_special_tokens=True, user=None,
+                 max_tokens_must_fit=False, prompt_logprobs=None) -> Result:
+        """The whole answer; stream() (RequestStream) gives it delta by delta."""
+        msg = generate_of(locals())
         self._start(msg)
         result = Result(msg.request_id)
         for d in self._deltas(msg.request_id):
             result.add(d)
         return result
-
-    @takes_request
-    def stream(self, msg: Generate) -> Iterator[Delta]:
-        """Deltas as they come. The request is sent when iteration starts; closing or
-        dropping the iterator before the last delta aborts it."""
-        return self._stream(msg)
 
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop a request; its stream ends with finish_reason "abort"."""

@@ -23,7 +23,7 @@ from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
                                            engine_max_tokens)
 from frontend.http.reply_bound import check_reply
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
-from frontend.validate import InvalidRequest, check_fields
+from frontend.validate import InvalidField, check_fields
 
 __all__ = ["ApiError", "GenRequest", "parse_chat", "parse_completion", "parse_priority"]
 
@@ -61,7 +61,7 @@ class GenRequest:
         return len(self.batch) * self.n
 
     def param(self, field: str | None) -> str | None:
-        """The body field a Generate field (an InvalidRequest's, an engine 400's) came from."""
+        """The body field a Generate field (an InvalidField's, an engine 400's) came from."""
         return self.max_tokens_field if field == "max_tokens" else field
 
     def client_kwargs(self, i: int = 0) -> dict:
@@ -212,7 +212,7 @@ def _request(body: dict, msg: Generate, max_model_len: int | None,
                      max_tokens_field=max_tokens_field, prompt_ask=ask)
     try:
         check_fields(gen.msg, max_model_len)
-    except InvalidRequest as e:
+    except InvalidField as e:
         raise ApiError(400, str(e), gen.param(e.field)) from None
     return gen
 

@@ -248,7 +248,8 @@ def free_port() -> int:
 
 def main(argv=None) -> int:
     p = arguments("scripts/bench chaos")
-    p.add_argument("--faults", type=int, default=9)
+    p.add_argument("--faults", type=int, default=9,
+                   help="faults to inject (kills and stops, spread over the run)")
     p.add_argument("--spread", type=float, default=30.0, help="seconds over which requests arrive")
     a = p.parse_args(argv)
     start = prov.begin("chaos", a.json, a.allow_dirty)

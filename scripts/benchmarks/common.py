@@ -13,10 +13,12 @@ import math
 import os
 import random
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from replay.progress import Progress  # noqa: F401 (bl.Progress: the benchmarks' bar)
+from replay.runmetrics import percentile
 from scripts import ROOT
 
 
@@ -108,18 +110,8 @@ def describe(reqs: list[Req]) -> dict:
 
 # ---------------------------------------------------------------- statistics
 
-def percentile(values: list[float], p: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); nan when empty."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * p / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
 def summarize(values: list[float]) -> dict:
-    """mean, p50, p90, p99 (nan for no values)."""
+    """mean, p50, p90, p99 (nan, and None, for no values)."""
     mean = sum(values) / len(values) if values else float("nan")
     return {"mean": mean, "p50": percentile(values, 50), "p90": percentile(values, 90),
             "p99": percentile(values, 99), "n": len(values)}
@@ -165,33 +157,6 @@ class Trace:
         for (t0, _), (t1, k) in zip(self.deltas, self.deltas[1:]):
             out += [(t1 - t0) / k] * k
         return out
-
-
-class Progress:
-    """A bar on stderr: done/total and the elapsed time."""
-
-    def __init__(self, total: int, label: str = "", enabled: bool = True):
-        self.total, self.done, self.label = total, 0, label
-        self.enabled = enabled and total > 0
-        self.t0 = self._last = time.perf_counter()
-        self._draw()
-
-    def tick(self) -> None:
-        self.done += 1
-        now = time.perf_counter()
-        if self.done == self.total or now - self._last >= 0.1:
-            self._last = now
-            self._draw()
-
-    def _draw(self) -> None:
-        if not self.enabled:
-            return
-        filled = 30 * self.done // self.total
-        sys.stderr.write(f"\r  {self.label} [{'#' * filled}{'.' * (30 - filled)}] "
-                         f"{self.done}/{self.total} {time.perf_counter() - self.t0:6.1f}s")
-        if self.done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 async def _one(client, req: Req, t0: float, opts: dict, bar: Progress,

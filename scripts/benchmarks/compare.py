@@ -62,7 +62,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--sequential", type=int, default=8,
                    help="requests run one at a time, spread over the rounds (default 8)")
     p.add_argument("--batch", type=int, default=32, help="static batch size")
-    p.add_argument("--skip", default="", help=f"comma-separated phases to skip: {','.join(PHASES)}")
+    p.add_argument("--skip", default="",
+                   help=f"comma-separated phases to skip: {','.join(PHASES)}")
     p.add_argument("--engine-args", default="",
                    help='extra scripts/serve flags, given with "=": --engine-args="--no-log"')
     p.add_argument("--json", metavar="FILE")

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from core import cli
 from worker.handmade import Part, blocks_needed, make_batch
 from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
@@ -74,15 +75,16 @@ def interleaved_ms(fns, steps: int, warmup: int, sync=lambda: None) -> list[floa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smol")
-    ap.add_argument("--batches", default="1,8,32,64")
-    ap.add_argument("--contexts", default="128,400")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap = cli.parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smol", help="the model (tiny | smol | smollm2 | PATH)")
+    ap.add_argument("--batches", default="1,8,32,64", help="decode batch sizes, comma-separated")
+    ap.add_argument("--contexts", default="128,400", help="context lengths, comma-separated")
+    ap.add_argument("--steps", type=int, default=8, help="timed decode steps per point")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the model's dtype")
     ap.add_argument("--quick", action="store_true", help="batch 1 and 64 at 128 context, 4 steps")
-    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
     prov.add_allow_dirty(ap)
     a = ap.parse_args()
     start = prov.begin("forward", a.json, a.allow_dirty)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 
+from core import cli
 from core.config import CoreConfig, log_meta
 from core.ipc.protocol import ModelInfo, SamplingParams
 from core.sched import Request
@@ -50,12 +51,12 @@ def run(n: int, path: Path | None, checkpoint_s: float = CHECKPOINT_S) -> tuple[
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/bench log")
-    p.add_argument("--requests", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
+    p = cli.parser(prog="scripts/bench log")
+    p.add_argument("--requests", type=int, default=256, help="requests in the workload")
+    p.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     p.add_argument("--checkpoint-s", type=float, default=CHECKPOINT_S,
                    help="the writer's WAL checkpoint period ('inf': none but SQLite's own)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the figures here as JSON")
     prov.add_allow_dirty(p)
     a = p.parse_args(argv)
     start = prov.begin("log", a.json, a.allow_dirty)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.benchmarks import _provenance as prov
+from core import cli
 from scripts.benchmarks import common as bl
 from scripts.benchmarks._overhead_log import (arrival_spread, codec_ms, full_batch, log_step_ms,
                                               logging_inproc_ms, mean, null_execute_ms, replay,
@@ -58,15 +59,16 @@ NULL_CONTEXT = 2048   # the null model's max_model_len
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench overhead", description=__doc__.split("\n")[0])
+    p = cli.parser(prog="scripts/bench overhead", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="64,256", help="running sequences for the null model")
     p.add_argument("--steps", type=int, default=1500, help="output tokens per null request")
-    p.add_argument("--smol-seqs", type=int, default=64)
+    p.add_argument("--smol-seqs", type=int, default=64,
+                   help="running sequences for the smol model")
     p.add_argument("--smol-steps", type=int, default=48, help="output tokens per smol request")
-    p.add_argument("--skip-smol", action="store_true")
-    p.add_argument("--skip-null", action="store_true")
+    p.add_argument("--skip-smol", action="store_true", help="measure the null model only")
+    p.add_argument("--skip-null", action="store_true", help="measure the smol model only")
     p.add_argument("--quick", action="store_true", help="800 null steps, 24 smol steps")
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
     prov.add_allow_dirty(p)
     p.add_argument("--keep-logs", action="store_true", help="keep the runs' step logs")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
@@ -74,7 +76,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--compare", action="store_true",
                    help="also run each group with overlapped scheduling off (its step time"
                         " as *_no_overlap keys)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
     a = p.parse_args(argv)
     if a.quick:
         a.steps, a.smol_steps = 800, 24

@@ -24,27 +24,32 @@ import tempfile
 from pathlib import Path
 
 from scripts.benchmarks import _provenance as prov
+from core import cli
 from scripts.benchmarks import common as bl
 
 SETTINGS = {"on": [], "off": ["--no-prefix-cache"]}
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="scripts/bench prefix", description=__doc__.split("\n")[0],
+    p = cli.parser(prog="scripts/bench prefix", description=__doc__.split("\n")[0],
                                 epilog="Unknown flags are passed to scripts/serve.")
-    p.add_argument("--model", default="smol")
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--system-len", type=int, default=448)
-    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--model", default="smol",
+                   help="the model to serve (tiny | smol | null | smollm2 | PATH)")
+    p.add_argument("--requests", type=int, default=64, help="requests sharing one system prompt")
+    p.add_argument("--system-len", type=int, default=448,
+                   help="tokens of the shared system prompt")
+    p.add_argument("--output-len", type=int, default=32, help="max_tokens of each request")
     p.add_argument("--rate", type=float, default=4.0, help="arrivals/s of the steady pass")
-    p.add_argument("--conversations", type=int, default=16)
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--conversations", type=int, default=16,
+                   help="chat conversations run in parallel")
+    p.add_argument("--turns", type=int, default=4, help="turns of each conversation")
     p.add_argument("--mixed", type=int, default=32, help="requests of the no-sharing workload")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=1800)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--seed", type=int, default=0, help="the workload's random seed")
+    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
+    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
     prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
     return p.parse_known_args(argv)
 
 

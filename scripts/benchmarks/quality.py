@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core import cli
 from scripts import ROOT
 from scripts.benchmarks import _quality_ppl as qp
 from scripts.benchmarks import _provenance as prov
@@ -74,7 +75,7 @@ def run_engine(model: str, tmp: Path, wins, ctx: int, prompts, eog) -> tuple[lis
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts/bench quality", description=__doc__.splitlines()[0])
+    ap = cli.parser(prog="scripts/bench quality", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="a GGUF model: smollm2 or FILE.gguf")
     ap.add_argument("--ctx", type=int, default=512, help="window size in tokens (default 512, "
                     "llama-perplexity's)")

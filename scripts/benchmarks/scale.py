@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.benchmarks import _provenance as prov
+from core import cli
 from scripts.benchmarks import common as bl
 
 SETTINGS = {"dp1": (["--dp", "1"], 1), "dp2": (["--dp", "2"], 1),
@@ -32,15 +33,17 @@ SETTINGS = {"dp1": (["--dp", "1"], 1), "dp2": (["--dp", "2"], 1),
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="scripts/bench scale", description=__doc__.split("\n")[0],
+    p = cli.parser(prog="scripts/bench scale", description=__doc__.split("\n")[0],
                                 epilog="Unknown flags are passed to scripts/serve.")
-    p.add_argument("--model", default="smol")
+    p.add_argument("--model", default="smol",
+                   help="the model to serve (tiny | smol | null | smollm2 | PATH)")
     p.add_argument("--requests", type=int, default=32, help="of the mixed workload")
     p.add_argument("--settings", default=",".join(SETTINGS), help="which, comma-separated")
-    p.add_argument("--timeout", type=float, default=1800)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
+    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
     prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
     return p.parse_known_args(argv)
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 
+from core import cli
 from core.batch import build_batch
 from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
@@ -69,12 +70,14 @@ def measure(running: int, waiting: int, steps: int, policy: SchedPolicy,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--running", type=int, default=256)
-    ap.add_argument("--waiting", type=int, nargs=2, default=[10, 10_000], metavar=("FEW", "MANY"))
+    ap = cli.parser(description=__doc__)
+    ap.add_argument("--running", type=int, default=256, help="running decodes each step")
+    ap.add_argument("--waiting", type=int, nargs=2, default=[10, 10_000], metavar=("FEW", "MANY"),
+                    help="the two waiting-queue sizes compared")
     ap.add_argument("--steps", type=int, default=500, help="timed steps per repeat")
     ap.add_argument("--repeats", type=int, default=5, help="best mean of this many repeats")
-    ap.add_argument("--policy", choices=["fcfs", "priority"], default="priority")
+    ap.add_argument("--policy", choices=["fcfs", "priority"], default="priority",
+                    help="the scheduling policy")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     prov.add_allow_dirty(ap)
     args = ap.parse_args()

@@ -21,16 +21,17 @@ from pathlib import Path
 
 
 from scripts.benchmarks import _provenance as prov
+from core import cli
 from scripts.benchmarks import common as bl
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="scripts/bench serve", description=__doc__.split("\n")[0],
+    p = cli.parser(prog="scripts/bench serve", description=__doc__.split("\n")[0],
                                 epilog="Unknown flags are passed to scripts/serve (with --model).")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--address", help="a running group's frontend address")
     src.add_argument("--model", help="start a group on this model (tiny|smol|null|PATH)")
-    p.add_argument("--requests", "-n", type=int, default=64)
+    p.add_argument("--requests", "-n", type=int, default=64, help="requests in the workload")
     p.add_argument("--rate", type=float, default=0.0,
                    help="Poisson arrivals per second; 0 = all at t=0 (default)")
     p.add_argument("--prompt-len", default="16-512", help="LO-HI tokens, uniform")
@@ -38,15 +39,17 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--workload", metavar="FILE.json",
                    help='[{"prompt": [ids] | "prompt_len": N, "max_tokens": M, "arrival": S}, ...]'
                         " (its first --requests entries)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    p.add_argument("--seed", type=int, default=0, help="the workload's random seed")
+    p.add_argument("--temperature", type=float, default=0.0, help="every request's temperature")
+    p.add_argument("--priority", type=int, default=0, help="every request's priority")
+    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="let requests end at EOS (by default they run to max_tokens)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: from the model)")
     p.add_argument("--timeout", type=float, default=600, help="client timeout, seconds")
     p.add_argument("--json", metavar="FILE", help="write the figures here")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
     prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
     a, serve_args = p.parse_known_args(argv)
     if a.address and serve_args:
         p.error(f"serve flags {serve_args} need --model (this script starts the group)")

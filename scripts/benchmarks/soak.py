@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 
+from core import cli
 from frontend.client import AsyncClient
 from scripts.benchmarks import _provenance as prov
 from scripts.group.harness import start_group
@@ -145,10 +146,10 @@ def verify(log, *extra) -> bool:
 
 def arguments(prog: str) -> argparse.ArgumentParser:
     """What soak and chaos take alike."""
-    p = argparse.ArgumentParser(prog=prog)
-    p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
+    p = cli.parser(prog=prog)
+    p.add_argument("--requests", type=int, default=2000, help="requests in the workload")
+    p.add_argument("--seed", type=int, default=0, help="the workload's random seed")
+    p.add_argument("--json", default=None, help="write the figures here as JSON")
     prov.add_allow_dirty(p)
     return p
 
@@ -164,7 +165,8 @@ def report(out: dict, json_path: str | None, good: bool, start: prov.RunStart) -
 
 def main(argv=None) -> int:
     p = arguments("scripts/bench soak")
-    p.add_argument("--num-blocks", type=int, default=48)
+    p.add_argument("--num-blocks", type=int, default=48,
+                   help="the group's KV blocks (small: preemption every few steps)")
     a = p.parse_args(argv)
     start = prov.begin("soak", a.json, a.allow_dirty)
     out = soak(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-soak-")), a.num_blocks)

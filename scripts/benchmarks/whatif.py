@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from scripts.benchmarks import _provenance as prov
+from core import cli
 from scripts.benchmarks import common as bl
 
 PRIORITIES = (0, 1, 2)
@@ -40,23 +41,25 @@ QUICK = {"requests": 24, "prompt_len": "8-64", "output_len": "4-32", "rate": 40.
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="scripts/bench whatif", description=__doc__.split("\n")[0],
+    p = cli.parser(prog="scripts/bench whatif", description=__doc__.split("\n")[0],
                                 epilog="Unknown flags are passed to scripts/serve (A and B).")
-    p.add_argument("--model", default="smol")
-    p.add_argument("--requests", type=int, default=120)
-    p.add_argument("--prompt-len", default="16-512")
-    p.add_argument("--output-len", default="16-256")
+    p.add_argument("--model", default="smol",
+                   help="the model to serve (tiny | smol | null | smollm2 | PATH)")
+    p.add_argument("--requests", type=int, default=120, help="requests in the workload")
+    p.add_argument("--prompt-len", default="16-512", help="LO-HI prompt tokens, uniform")
+    p.add_argument("--output-len", default="16-256", help="LO-HI max_tokens, uniform")
     p.add_argument("--rate", type=float, default=1.5, help="arrivals per second")
     p.add_argument("--a", default="", help="configuration A's scheduling flags")
     p.add_argument("--b", default="--max-seqs 8 --policy fcfs", help="configuration B's")
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke run: {', '.join(f'{k} {v}' for k, v in QUICK.items())}")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--seed", type=int, default=0, help="the workload's random seed")
+    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
     p.add_argument("--keep", metavar="DIR", help="keep A's and B's step logs here")
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
     prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
     a, serve_args = p.parse_known_args(argv)
     if a.quick:
         for k, v in QUICK.items():

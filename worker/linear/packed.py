@@ -1,7 +1,7 @@
 """Linear layers on packed weights (CPU, float32, one worker process), with the linear
 layers that read the same input multiplied as one (docs/DESIGN.md, "Packed linear layers").
-A weight is packed in panels for the C kernel where it takes it (worker/panels.py), else
-in oneDNN's blocked layout.
+A weight is packed in panels for the C kernel where it takes it (worker/linear/panels.py),
+else in oneDNN's blocked layout; worker/linear/dispatch.py multiplies by either.
 
 torch's F.linear on the CPU calls MKL, which for the few rows of a decode step runs one
 thread at about 11 GB/s of weights here. oneDNN's matmul on a weight reordered once into its
@@ -22,13 +22,12 @@ from collections import Counter
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from worker import panels
+from worker.linear import panels
+from worker.linear.dispatch import linear
 
 ROWS_HINT = 64   # the row count oneDNN lays the weight out for; measured best from 1 to 1024
-MIN_ROWS = 4     # fewer rows run oneDNN's slower 1-row path: pad (a row's result is the same)
 
 Matmul = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -46,33 +45,6 @@ def usable(model, tp: int) -> bool:
         return False
     p = next(model.parameters())
     return p.device.type == "cpu" and p.dtype == torch.float32
-
-
-def is_packed(weight: torch.Tensor) -> bool:
-    return weight.layout == torch._mkldnn or panels.is_panels(weight)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear for a dense or a packed weight."""
-    if panels.is_panels(weight):
-        return panels.linear(x, weight, bias)
-    if not is_packed(weight):
-        return F.linear(x, weight, bias)
-    if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
-        return torch.ops.tl.packed_linear(x, weight, bias)
-    return packed_linear(x, weight, bias)
-
-
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    lead, k = x.shape[:-1], x.shape[-1]
-    rows = x.numel() // k if k else 0
-    if rows == 0:   # oneDNN takes no empty matmul
-        return x.new_zeros(*lead, weight.shape[0])
-    if rows >= MIN_ROWS:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    flat = torch.cat([x.reshape(rows, k), x.new_zeros(MIN_ROWS - rows, k)])
-    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
-    return out[:rows].view(*lead, -1)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -143,7 +115,7 @@ def pack(model, groups: list[list[nn.Linear]],
          plan: Callable[..., Matmul] = dense_plan) -> list[torch.Tensor]:
     """Pack every nn.Linear of `model` in place, each group of `groups` as one weight;
     `plan(packed weight, bias)` gives the function that multiplies by it (the batch-invariant
-    mode's row padding, worker/invariant.py), asked once per weight shape. Returns the packed
+    mode's row padding, worker/linear/rows.py), asked once per weight shape. Returns the packed
     weights (a fused group's lives in no module: worker/graph.py needs them all)."""
     plans: dict[tuple, Matmul] = {}
 
