@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import sqlite3
-import time
 
 from core import logwriter
 from core.config import CoreConfig, log_meta
@@ -38,16 +37,6 @@ def run_steps(engine, n: int, seed: int = 0) -> None:
             prompt = [rng.randrange(1, 512) for _ in range(rng.randint(2, 20))]
             engine.add(Request(prompt, rng.randint(1, 16)), SamplingParams())
         engine.step()
-
-
-def wait_until(pred, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def count(path, table: str = "steps") -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import ROOT
 from scripts.benchmarks import _compare_peer as peer
 from scripts.benchmarks import _llamacpp_get as get
 from scripts.benchmarks import _llamacpp_serve as serve
@@ -16,7 +17,6 @@ from scripts.benchmarks import common as bl
 from scripts.benchmarks._llamacpp_convert import ascii_lead_bytes
 from worker.preset_tokenizer import _byte_chars
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_first_token_agreement_counts_early_differences_only():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,13 +15,13 @@ import zmq
 from core.ipc.channel import Channel, Router
 from core.ipc.protocol import (Delta, ErrorReply, Generate, Shutdown, StatsReply, StepResult,
                                WorkerReady)
+from scripts import ROOT
 from scripts.benchmarks._overhead_log import worker_ms
 from scripts.benchmarks.overhead import sink
 from worker.handmade import Part, make_batch
 from worker.null import NullRunner
 from worker.process import TIMES_ENV, serve
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_worker_writes_one_line_per_batch(tmp_path, monkeypatch):

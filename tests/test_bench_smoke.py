@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts import ROOT
 KEYS = {"requests", "completed", "errors", "output_tokens", "wall_s", "output_tok_s",
         "requests_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "preemptions", "steps",
         "workload", "machine"}

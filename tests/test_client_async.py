@@ -56,7 +56,7 @@ def test_abort_and_abandon(engine):
             assert rest[-1].finish_reason == "abort"
             async for _ in c.stream("slow abcdefgh", max_tokens=100, request_id="a-leave"):
                 break
-            await asyncio.sleep(0.05)  # the dropped generator's aclose runs on the loop
+            # the dropped generator's aclose runs on the loop while abort_of waits (5 s)
             for request_id in ("a-abort", "a-leave"):
                 got = await asyncio.to_thread(engine.core.abort_of, engine.fid(request_id))
                 assert got is not None, request_id
@@ -106,7 +106,7 @@ def test_a_cancel_that_is_accepted_always_ends_the_wait_for_a_reply():
             for k in range(6):   # every moment from the reply's arrival to the wake-up
                 queue = asyncio.Queue()
                 task = asyncio.create_task(c._next(queue))
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)   # one loop turn each: the moments are the point
                 queue.put_nowait("reply")
                 for _ in range(k):
                     await asyncio.sleep(0)
@@ -139,7 +139,7 @@ def test_a_final_reply_sent_just_before_the_frontend_dies_is_the_answer(tmp_path
                 while ident is None:
                     if router.poll(10):
                         ident, _ = router.recv()
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)   # the client's task sends meanwhile
                 router.send(ident, Delta("last", "done", [7], finish_reason="length"))
                 router.sock.close(linger=1000)
                 result = await task

@@ -15,8 +15,9 @@ import pytest
 from frontend.client import Client, ClientError
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
-from tests.logfaults import count, wait_until
+from tests.logfaults import count
 from tests.test_group_lifecycle import wait_dead
+from tests.waiting import wait_until
 
 N = 200
 REQS = [dict(prompt=[5, 6, 7], max_tokens=N, ignore_eos=True),

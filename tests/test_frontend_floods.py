@@ -19,6 +19,7 @@ from frontend.client import AsyncClient, ClientError
 from frontend.token_bound import TokenBound
 from tests.fake_core import (MAX_MODEL_LEN, SLOW_S, FakeCore, FrontendProc, make_byte_tokenizer,
                              model_info)
+from tests.waiting import until
 from worker.preset_tokenizer import build_tokenizer
 
 ATTACKERS = 6
@@ -89,8 +90,10 @@ def under_attack(address: str, attack: str) -> tuple[list[float], float, list]:
     """A victim streams (a token every SLOW_S) while ATTACKERS clients each send one
     `attack` prompt, then a bystander sends a short one: the victim's gaps between tokens,
     the bystander's wait for its answer, and what each attacker got."""
+    times: list[float] = []
+    answered = asyncio.Event()
+
     async def victim(stop: asyncio.Event) -> list[float]:
-        times = []
         async with AsyncClient(address, timeout=60) as c:
             async for _ in c.stream("slow", max_tokens=MAX_MODEL_LEN - 8, ignore_eos=True):
                 times.append(time.monotonic())
@@ -104,9 +107,11 @@ def under_attack(address: str, attack: str) -> tuple[list[float], float, list]:
                 return await c.generate(attack, max_tokens=5)
             except ClientError as e:
                 return e
+            finally:
+                answered.set()
 
     async def bystander() -> float:
-        await asyncio.sleep(0.3)   # the attack is queued
+        await answered.wait()   # the frontend has the attack: the rest of it is queued
         async with AsyncClient(address, timeout=60) as c:
             t0 = time.monotonic()
             assert (await c.generate("hello", max_tokens=5)).text == "hello"
@@ -115,7 +120,7 @@ def under_attack(address: str, attack: str) -> tuple[list[float], float, list]:
     async def run():
         stop = asyncio.Event()
         watch = asyncio.create_task(victim(stop))
-        await asyncio.sleep(3 * SLOW_S)
+        await until(lambda: len(times) >= 3, what="the victim's first tokens")
         late = asyncio.create_task(bystander())
         results = await asyncio.gather(*(attacker() for _ in range(ATTACKERS)))
         waited = await late

@@ -11,6 +11,7 @@ import pytest
 from core.ipc.protocol import AddRequest, Hello
 from frontend.client import AsyncClient, ClientError
 from tests.fake_core import FakeCore, FrontendProc, make_byte_tokenizer, model_info, running_engine
+from tests.waiting import until
 
 CAP = 3
 
@@ -34,10 +35,7 @@ def adds(engine, prefix: str) -> int:
 
 
 async def wait_adds(engine, prefix: str, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while adds(engine, prefix) < n:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await until(lambda: adds(engine, prefix) >= n, what=f"{n} AddRequests {prefix}*")
 
 
 def test_per_client_cap_is_429_and_other_clients_are_served(engine):
@@ -73,8 +71,8 @@ def test_a_dead_frontend_fails_its_requests_with_503_at_once(tmp_path):
     async def run():
         async with AsyncClient(fe.address, timeout=60) as c:
             task = asyncio.create_task(c.generate("hang", max_tokens=5))
-            while not core.wait_for(lambda m: isinstance(m, AddRequest), 0.01):
-                await asyncio.sleep(0.02)
+            await until(lambda: core.wait_for(lambda m: isinstance(m, AddRequest), 0),
+                        what="the request in the core")
             t0 = time.monotonic()
             fe.signal(signal.SIGKILL)
             with pytest.raises(ClientError) as err:

@@ -10,6 +10,7 @@ import pytest
 
 from frontend.client import Client, ClientError
 from scripts.group.harness import start_group
+from tests.waiting import poll, wait_until
 
 
 def alive(pid: int) -> bool:
@@ -25,12 +26,7 @@ def alive(pid: int) -> bool:
 
 
 def wait_dead(pids, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
+    return bool(poll(lambda: not any(alive(p) for p in pids), timeout))
 
 
 def test_sigterm_drains_running_requests_then_stops_everything(tmp_path):
@@ -45,9 +41,10 @@ def test_sigterm_drains_running_requests_then_stops_everything(tmp_path):
                 result["r"] = c2.generate([1, 2, 3], max_tokens=150, ignore_eos=True)
         t = threading.Thread(target=long_request)
         t.start()
-        time.sleep(0.5)
+        with Client(g.address, timeout=30) as c:
+            wait_until(lambda: c.stats()["running"] == 1, what="the long request to run")
         g.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        wait_until(lambda: "draining:" in g.stderr.read_text(), what="the frontend to drain")
         with Client(g.address, timeout=5) as c:
             with pytest.raises(ClientError) as e:
                 c.generate("late", max_tokens=2)

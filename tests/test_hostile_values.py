@@ -276,6 +276,8 @@ def test_disconnects_leave_one_info_line_each(gateway):
     u = urlsplit(url)
     with socket.create_connection((u.hostname, u.port)) as sock:  # mid-body
         sock.sendall(HEAD + b"Content-Length: 99\r\n\r\n{\"prompt\"")
+        # a client that stalls mid-body, then leaves: the stall is the scenario (nothing
+        # outside the gateway shows it reading; test_http_hostile.py waits on its state)
         time.sleep(0.3)
     body = json.dumps({"prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True})
     with socket.create_connection((u.hostname, u.port)) as sock:  # mid-stream

@@ -23,9 +23,9 @@ import openai
 import pytest
 
 from frontend.client import AsyncClient, Client
-from tests.logfaults import wait_until
+from scripts import ROOT
+from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 GROUP_ARGS = ["--max-seqs", "1", "--max-waiting", "4"]
 CHATML = "<|im_start|>{}\n{}<|im_end|>\n"
 

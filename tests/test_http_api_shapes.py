@@ -64,7 +64,7 @@ class Recording:
     async def _stream(self, kw):
         try:
             for item in self.script(kw):
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)   # a loop turn per delta, as a real stream
                 if isinstance(item, Exception):
                     raise item
                 yield item

@@ -20,6 +20,7 @@ from frontend.http.metrics import Metrics
 from frontend.http.pool import ClientPool
 from frontend.http.reply_bound import MAX_REPLY_ENTRIES
 from tests.fake_core import MAX_MODEL_LEN, running_engine
+from tests.waiting import until
 
 CAP = 2
 
@@ -47,14 +48,6 @@ async def post(url: str, peer: str, body: dict) -> tuple[int, dict]:
             return r.status, await r.json()
 
 
-async def until(pred, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 def with_gateway(engine, scenario):
     """Run `scenario(url, pool)` against an in-process gateway on a ClientPool."""
     async def run():
@@ -80,7 +73,8 @@ def test_a_fresh_peer_is_served_when_many_others_are_at_their_cap(engine):
     async def scenario(url, pool):
         hang = [asyncio.create_task(post(url, p, {"prompt": f"hang-a{k}", "max_tokens": 5}))
                 for p in peers for k in range(CAP)]
-        await until(lambda: held(engine, "hang-a") == len(hang) or any(t.done() for t in hang))
+        await until(lambda: held(engine, "hang-a") == len(hang) or any(t.done() for t in hang),
+                    timeout=20)
         refused = [t.result() for t in hang if t.done()]
         assert not refused, refused[:2]   # a peer refused while under its own cap
         fresh = [await post(url, f"127.0.2.{i}", {"prompt": "hello", "max_tokens": 5})
@@ -104,12 +98,12 @@ def test_a_user_is_capped_across_clients_and_a_body_counts_its_choices(engine):
     """A user's count is theirs wherever their requests run; n choices are n requests."""
     async def scenario(url, pool):
         one = asyncio.create_task(post(url, "127.0.3.1", {"prompt": "hang-b", "max_tokens": 5}))
-        await until(lambda: held(engine, "hang-b") == 1)
+        await until(lambda: held(engine, "hang-b") == 1, timeout=20)
         two = await post(url, "127.0.3.1", {"prompt": "hang-c", "max_tokens": 5, "n": 2})
         other = await post(url, "127.0.3.2", {"prompt": "hi", "max_tokens": 5, "n": 2})
         one.cancel()
         await asyncio.gather(one, return_exceptions=True)
-        await until(lambda: pool.inflight_of("127.0.3.1") == 0)
+        await until(lambda: pool.inflight_of("127.0.3.1") == 0, timeout=20)
         again = await post(url, "127.0.3.1", {"prompt": "hi", "max_tokens": 5, "n": 2})
         return two, other, again
 

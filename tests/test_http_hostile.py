@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from core.ipc.protocol import Delta
 from frontend.http.app import Gateway, make_app
 from frontend.http.metrics import Metrics
+from tests.waiting import until
 
 MAX_MODEL_LEN = 64
 
@@ -28,7 +29,7 @@ class SlowClient:
 
     async def _stream(self):
         yield Delta("r", "hi", [1], None, [7, 8])
-        await asyncio.sleep(self.pause)
+        await asyncio.sleep(self.pause)   # the point: an engine slow to finish
         yield Delta("r", "", [2], "length")
 
     def stream(self, prompt, **kw):
@@ -151,6 +152,11 @@ def test_a_body_that_never_ends_gets_408_and_the_connection_closes(head, part):
 # ------------------------------------------------------------------ disconnects
 
 
+async def handled(server: TestServer) -> None:
+    """Until the server is done with every connection it had."""
+    await until(lambda: not server.runner.server.connections, what="the handler's end")
+
+
 async def disconnect_mid_body():
     server = TestServer(app())
     await server.start_server()
@@ -158,20 +164,23 @@ async def disconnect_mid_body():
         reader, writer = await asyncio.open_connection(server.host, server.port)
         writer.write(HEAD + b"Content-Length: 100\r\n\r\n{\"prompt\"")
         await writer.drain()
-        await asyncio.sleep(0.2)
+        # its head read, the request waits for the rest of the body (an abort before that
+        # would reset the connection with the bytes unread: no request at all)
+        await until(lambda: server.runner.server.requests_count == 1, what="the request")
         writer.transport.abort()
-        await asyncio.sleep(0.3)
+        await handled(server)
     finally:
         await server.close()
 
 
 async def disconnect_mid_stream():
-    async with TestClient(TestServer(app(pause=30))) as c:
+    # as the gateway's server runs (frontend/http/server.py): a client's leaving cancels it
+    async with TestClient(TestServer(app(pause=30), handler_cancellation=True)) as c:
         r = await c.post("/v1/completions", json={"prompt": "x", "stream": True})
         assert r.status == 200
         await r.content.readline()
         r.close()
-        await asyncio.sleep(0.3)
+        await handled(c.server)
 
 
 @pytest.mark.parametrize("scenario", [disconnect_mid_body, disconnect_mid_stream])

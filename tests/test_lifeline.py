@@ -6,24 +6,24 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from core.ipc.lifeline import Interrupts
+from scripts import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import sys, time, torch
 from core.ipc.lifeline import sigterm_as_interrupt
 lib = torch.library.Library("tltest", "DEF")
 lib.define("nap(Tensor x) -> Tensor")
+# a slow Python op inside the graph: the nap is what SIGTERM interrupts
 lib.impl("nap", lambda x: (time.sleep(0.05), x + 1)[1], "CompositeExplicitAutograd")
 graph = torch.jit.trace(lambda x: torch.ops.tltest.nap(x) * 2, torch.zeros(4))
 interrupts = sigterm_as_interrupt()
-print("ready", flush=True)
 def forever():
-    x = torch.zeros(4)
+    x = graph(torch.zeros(4))
+    print("ready", flush=True)   # in the loop (and in end_quietly where it applies)
     while True:
         x = graph(x)
 if sys.argv[1] == "quiet":

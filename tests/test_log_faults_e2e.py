@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from frontend.client import Client
-from tests.logfaults import count, wait_until
+from tests.logfaults import count
+from tests.waiting import wait_until
 
 REQ = dict(prompt=[5, 6, 7, 8], max_tokens=24, ignore_eos=True)
 

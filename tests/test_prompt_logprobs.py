@@ -283,10 +283,10 @@ def test_logs_from_before_prompt_logprobs_replay_with_the_model(tmp_path, folder
     """The golden logs have no prompt_logprobs table: read as none, and they verify with
     the model they were recorded with (the null model)."""
     import shutil
-    from pathlib import Path
 
     from replay.record import SCENARIOS
-    src = Path(__file__).parent / "fixtures" / folder / "golden_aborts.db"
+    from tests import FIXTURES
+    src = FIXTURES / folder / "golden_aborts.db"
     path = tmp_path / "golden.db"
     shutil.copy(src, path)
     log = LogFile(str(path))

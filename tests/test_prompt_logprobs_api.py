@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from frontend.client import AsyncClient, Client, ClientError
 from tests.conftest import verify_log
-from tests.logfaults import wait_until
 from tests.test_http import http
+from tests.waiting import wait_until
 from worker.load import resolve_model
 
 GROUP_ARGS = ["--http-port", "0", "--max-chunk", "16", "--max-batch-tokens", "48"]

@@ -16,8 +16,8 @@ from replay.__main__ import main as replay_main
 from replay.logfile import LogFile
 from replay.record import SCENARIOS, record
 from replay.verify import verify
+from tests import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="module")

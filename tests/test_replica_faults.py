@@ -21,9 +21,9 @@ from frontend.client import Client, ClientError
 from scripts import ROOT
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
-from tests.logfaults import wait_until
 from tests.test_dp import replica_pids, wait_replicas
 from tests.test_frontend_lifecycle import free_port
+from tests.waiting import wait_until
 
 GREEDY = [dict(prompt=p, ignore_eos=True) for p in
           ([5, 6, 7], list(range(40, 90)), [9, 9, 9, 1], [300, 2], [11, 12], [77] * 20)]
@@ -81,6 +81,15 @@ def reference(address: str, reqs: list[dict]) -> list:
     return Streams(address, reqs).join()
 
 
+def answering(address: str) -> list[int] | None:
+    """The replicas stats() answers for; None while it does not answer in 1 s."""
+    try:
+        with Client(address, timeout=1) as c:
+            return [r["replica"] for r in c.stats()["replicas"]]
+    except ClientError:
+        return None
+
+
 def stop_for(pid: int, seconds: float) -> threading.Thread:
     os.kill(pid, signal.SIGSTOP)
     t = threading.Timer(seconds, os.kill, (pid, signal.SIGCONT))
@@ -112,10 +121,9 @@ def test_a_stopped_local_core_is_dropped_and_taken_back_fresh(tmp_path):
         t0 = time.monotonic()
         timer = stop_for(pids[1]["core"], 8.0)
         try:
-            time.sleep(2.5)          # past the 2 s deadline
+            wait_until(lambda: answering(g.address) == [0], timeout=6, every=0.1,  # in the stop
+                       what="replica 1 dropped")
             with Client(g.address, timeout=3) as c:
-                st = c.stats()
-                assert [r["replica"] for r in st["replicas"]] == [0], st["replicas"]
                 for i in range(6):
                     assert c.generate([i + 1, 2], max_tokens=4).finish_reason == "length"
             assert s.join() == want

@@ -104,7 +104,7 @@ def check_frontend_stall(tmp_path, n: int) -> None:
         assert sent.wait(60)
         wait_tokens(g.address, lambda st: st["running"] > 0)
         os.kill(frontend, signal.SIGSTOP)
-        time.sleep(5)
+        time.sleep(5)   # the point: the frontend stopped a few seconds
         os.kill(frontend, signal.SIGCONT)
         t.join(600)
         assert not t.is_alive()

@@ -9,16 +9,16 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from replay.__main__ import main as replay_main
 from replay.logfile import LogFile
 from replay.verify import verify
-from tests.logfaults import DiskFull, count, engine_for, new_log, run_steps, wait_until
+from scripts import ROOT
+from tests.logfaults import DiskFull, count, engine_for, new_log, run_steps
+from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def verified(path) -> int:
@@ -160,13 +160,14 @@ def test_the_db_file_alone_holds_the_committed_steps(tmp_path):
     path = tmp_path / "steps.db"
     script = textwrap.dedent(f"""
         import time
-        from tests.logfaults import engine_for, new_log, run_steps, wait_until
+        from tests.logfaults import engine_for, new_log, run_steps
+        from tests.waiting import wait_until
         log = new_log({str(path)!r}, checkpoint_s=0.2)
         engine = engine_for(log)
         run_steps(engine, 300)
         wait_until(lambda: log.backlog == 0)
         print(engine.step_no, flush=True)
-        time.sleep(60)
+        time.sleep(60)   # the point: alive, the log open, until the test's kill -9
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             cwd=ROOT)   # the child imports tests.logfaults from there

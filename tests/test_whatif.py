@@ -24,8 +24,8 @@ from replay.stepmodel import (FORWARD, GAP, KNOTS, MIN_STEPS, WORK, RecordedTime
                               gap_features, dot)
 from replay.timeline import Step, recorded
 from replay.trace import TraceError, from_log, read_csv, write_csv
+from tests import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class Tokens:
