@@ -14,7 +14,7 @@ from worker.load import make_runner
 from worker.step import build_step, seq_slots
 
 from tests.checkpoints import make_checkpoint
-from tests.test_worker_engine import alone, prompts, stock_greedy
+from tests.worker.test_worker_engine import alone, prompts, stock_greedy
 
 pytestmark = pytest.mark.skipif(native.kernel() is None,
                                 reason="no C compiler: the worker uses the torch path")

@@ -12,7 +12,7 @@ from worker import archs
 from worker.load import make_runner
 
 from tests.checkpoints import make_checkpoint
-from tests.test_worker_engine import GREEDY, run_engine, stock_greedy
+from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy
 
 PROMPTS = ("The quick brown fox jumps over the lazy dog, twice.",
            "Once upon a time",

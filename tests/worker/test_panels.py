@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker import packed, panels
-from tests.test_packed import assert_generates_alike
+from tests.worker.test_packed import assert_generates_alike
 from worker.load import make_runner
 
 pytestmark = pytest.mark.skipif(panels.kernel() is None, reason="no C compiler here")

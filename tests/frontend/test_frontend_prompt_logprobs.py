@@ -9,7 +9,7 @@ from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES, I32, Delta, ProtocolError
 from core.prompt_logprobs import parts
 from frontend.client.common import Result
 from frontend.events import group_events
-from tests.test_frontend_parts import ev, state
+from tests.frontend.test_frontend_parts import ev, state
 
 A = [-1.0, 2, [[7, -0.5]]]
 B = [-0.25, 1, [[9, -0.25]]]

@@ -16,7 +16,7 @@ from worker.load import make_runner
 from worker.step import build_step
 
 from tests.checkpoints import make_checkpoint
-from tests.test_worker_engine import prompts, stock_greedy
+from tests.worker.test_worker_engine import prompts, stock_greedy
 
 pytestmark = pytest.mark.skipif(native.kernel() is None,
                                 reason="no C compiler: no C kernel, so no decode graph")

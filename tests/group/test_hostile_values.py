@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frontend.client import Client
-from tests.test_http import start_gateway, stop_gateway
+from tests.frontend.test_http import start_gateway, stop_gateway
 
 GROUP_ARGS = ["--max-seqs", "8"]
 REPLY_TIMEOUT_S = 60

@@ -14,8 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests import test_http
-from tests.test_http import CHATML, http
+from tests.frontend import test_http
+from tests.frontend.test_http import CHATML, http
 
 gateway, oai, engine = test_http.gateway, test_http.oai, test_http.engine  # shared fixtures
 

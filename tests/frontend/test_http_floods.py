@@ -197,7 +197,7 @@ def long_token_template(tmp_path_factory):
     """The byte tokenizer plus a 10 KB token: 500 KB of text has no bound that refuses it
     over a 128-token context, so /tokenize tokenizes it whole (and then refuses it)."""
     from frontend.http.chat import ChatTemplate
-    from tests.test_frontend_floods import long_token_tokenizer
+    from tests.frontend.test_frontend_floods import long_token_tokenizer
     return ChatTemplate.load(long_token_tokenizer(tmp_path_factory.mktemp("tok") / "t", 10_000))
 
 

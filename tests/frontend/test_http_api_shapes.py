@@ -15,7 +15,7 @@ from core.ipc.protocol import Delta
 from frontend.client.common import ClientError
 from frontend.http.app import Gateway, make_app
 from frontend.http.metrics import Metrics
-from tests.test_http import sse_events
+from tests.frontend.test_http import sse_events
 
 METRICS = {"queue_ms": 1.0, "ttft_ms": 2.0, "e2e_ms": 3.0, "preemptions": 0, "priority": 0,
            "cached_tokens": 0, "log": "x.db", "log_id": 4}

@@ -10,7 +10,7 @@ from core.engine import Engine
 from core.sched import Chunked, PrefixCacheBlocks, Request, Scheduler, SchedulerConfig
 from worker.load import make_runner, resolve_model
 
-from tests.test_worker_engine import GREEDY, prompts, qwen2_dir, stock_greedy  # noqa: F401
+from tests.worker.test_worker_engine import GREEDY, prompts, qwen2_dir, stock_greedy  # noqa: F401
 
 
 def cached_engine(runner, blocks=None, max_chunk=None, max_seqs=16) -> Engine:

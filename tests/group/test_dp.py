@@ -19,7 +19,7 @@ from frontend.replica_stats import merge, replica_stats
 from frontend.replicas import least_loaded
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
-from tests.test_faults import REQS, run_concurrently
+from tests.group.test_faults import REQS, run_concurrently
 
 GROUP_ARGS = ["--dp", "2", "--num-blocks", "128"]
 SHORT = [dict(r, max_tokens=24) for r in REQS]

@@ -12,7 +12,7 @@ from replay.model import ModelUnavailable, _check_same_file
 from worker.registry_models import REGISTRY
 
 from tests.conftest import verify_log
-from tests.test_http import http
+from tests.frontend.test_http import http
 
 GROUP_ARGS = ["--model", "smollm2", "--http-port", "0"]
 

@@ -12,7 +12,7 @@ from core.process import CoreLoop
 from core.sched import Finished, FinishReason, TokenEvent
 from frontend import silence
 from frontend.silence import AwakeClock, Silence
-from tests.test_core_guards import add, loop  # noqa: F401  (loop: a CoreLoop, no worker)
+from tests.core.test_core_guards import add, loop  # noqa: F401  (loop: a CoreLoop, no worker)
 
 class FakeTime:
     def __init__(self):

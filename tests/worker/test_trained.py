@@ -13,7 +13,7 @@ from frontend.tokenizer import Tokenizer
 from worker.load import make_runner, resolve_checkpoint
 
 from tests.gguf_files import smollm2
-from tests.test_worker_engine import GREEDY, run_engine, stock_greedy
+from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -106,7 +106,7 @@ def _margin(model, ids: list[int]) -> float:
 def test_prompt_logprobs_equal_transformers_log_softmax(runner, stock, reference_tokenizer):
     """Chat prompts and a plain passage, batched, in 32-token chunks: each prompt token's
     logprob, its rank and the top 3 within 1e-4 of transformers' log_softmax."""
-    from tests.test_prompt_logprobs import check_against, collect, engine
+    from tests.worker.test_prompt_logprobs import check_against, collect, engine
     passage = reference_tokenizer("The river rose slowly through the night, and by morning "
                                   "the old stone bridge stood in a wide brown lake.")["input_ids"]
     prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS[:3]] + [list(passage)]

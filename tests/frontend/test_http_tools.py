@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.step_times import StepTimes, merge_snapshots
 from frontend.client import ClientError
-from tests import test_http
-from tests.test_http import BAD, assert_openai_error, http, sse_events, wait_idle
-from tests.test_http_api_shapes import completion
+from tests.frontend import test_http
+from tests.frontend.test_http import BAD, assert_openai_error, http, sse_events, wait_idle
+from tests.frontend.test_http_api_shapes import completion
 
 MAX_MODEL_LEN = 64
 GROUP_ARGS = ["--http-port", "0", "--max-model-len", str(MAX_MODEL_LEN)]

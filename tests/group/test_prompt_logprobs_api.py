@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from frontend.client import AsyncClient, Client, ClientError
 from tests.conftest import verify_log
-from tests.test_http import http
+from tests.frontend.test_http import http
 from tests.waiting import wait_until
 from worker.load import resolve_model
 

@@ -21,8 +21,8 @@ from frontend.client import Client, ClientError
 from scripts import ROOT
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
-from tests.test_dp import replica_pids, wait_replicas
-from tests.test_frontend_lifecycle import free_port
+from tests.frontend.test_frontend_lifecycle import free_port
+from tests.group.test_dp import replica_pids, wait_replicas
 from tests.waiting import wait_until
 
 GREEDY = [dict(prompt=p, ignore_eos=True) for p in

@@ -17,10 +17,10 @@ from frontend.client import Client
 from replay.logfile import LogFile
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
-from tests.test_faults import REQS, run_concurrently
-from tests.test_group_lifecycle import wait_dead
+from tests.group.test_faults import REQS, run_concurrently
+from tests.group.test_group_lifecycle import wait_dead
 # qwen2_dir: a Qwen2-shaped checkpoint (biases, 6 heads / 2 KV heads: 1 per rank)
-from tests.test_worker_engine import alone, prompts, qwen2_dir, stock_greedy  # noqa: F401
+from tests.worker.test_worker_engine import alone, prompts, qwen2_dir, stock_greedy  # noqa: F401
 from worker.load import make_runner, resolve_model
 from worker.tp import check_split
 
@@ -185,7 +185,7 @@ def test_spread_ranks_need_a_rendezvous_and_a_divisible_tp():
 @pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma", "gemma2", "granite",
                                     "starcoder2", "mixtral"])
 def test_family_over_two_ranks_matches_one_process(family, tmp_path, tmp_path_factory):
-    from tests.test_arch_families import FAMILIES, family_dir
+    from tests.worker.test_arch_families import FAMILIES, family_dir
     config, options = FAMILIES[family]
     FAMILIES[family] = ({**config, "num_key_value_heads": 2}, options)
     try:

@@ -19,9 +19,9 @@ from frontend.silence import AwakeClock, Silence
 from scripts import ROOT
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
-from tests.test_dp import stream_all, wait_replicas
-from tests.test_faults import REQS, run_concurrently
-from tests.test_frontend_lifecycle import free_port
+from tests.frontend.test_frontend_lifecycle import free_port
+from tests.group.test_dp import stream_all, wait_replicas
+from tests.group.test_faults import REQS, run_concurrently
 from tests.waiting import wait_until
 
 SHORT = [dict(r, max_tokens=24) for r in REQS]

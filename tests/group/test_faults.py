@@ -15,8 +15,8 @@ import pytest
 from frontend.client import Client, ClientError
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
+from tests.group.test_group_lifecycle import wait_dead
 from tests.logfaults import count
-from tests.test_group_lifecycle import wait_dead
 from tests.waiting import wait_until
 
 N = 200
@@ -222,7 +222,7 @@ def test_gateway_death_touches_only_http(tmp_path):
     same port, and HTTP serves again."""
     g = start_group(tmp_path, ["--http-port", "0"], log=False)
     try:
-        from tests.test_http import http
+        from tests.frontend.test_http import http
         body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
         assert http("POST", g.http + "/v1/completions", body)[0] == 200
         gateway = g.pid_of("-m frontend.http")

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.client import Client
 from scripts.group.harness import start_group
-from tests.test_http import ROOT, assert_openai_error, http
+from tests.frontend.test_http import ROOT, assert_openai_error, http
 
 GROUP_ARGS = ["--http-port", "0"]
 

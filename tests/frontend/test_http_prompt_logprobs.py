@@ -10,7 +10,7 @@ import json
 import pytest
 
 from core.ipc.protocol import Delta
-from tests.test_http_api_shapes import Recording, chat, completion, post
+from tests.frontend.test_http_api_shapes import Recording, chat, completion, post
 
 # the prompt [7, 8, 9]: position 1 (token 8) and 2 (token 9) scored, best alternatives first
 PROMPT_LP = [None, [-1.5, 2, [[3, -0.5], [8, -1.5], [4, -2.0]]],
