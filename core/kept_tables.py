@@ -8,7 +8,7 @@ Valid because of how core/blocks.py and core/prefix_cache.py keep tables: a live
 one list that only grows by appending, and a new allocation is a new list. So the same list
 object, as long as before, holds the same blocks, and a longer one holds them followed by
 new ones. An entry keeps its list alive, so `is` cannot match a new list at a recycled
-address. tests/test_batch.py checks the bytes against a conversion from scratch over
+address. tests/core/test_batch.py checks the bytes against a conversion from scratch over
 traffic that preempts, frees and grows tables.
 """
 from __future__ import annotations

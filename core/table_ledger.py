@@ -8,7 +8,7 @@ O(running requests) per step, plus the blocks appended since the last step.
 Exact for the reason core/kept_tables.py is (a live table is one list that only grows at
 its end; a new allocation is a new list), found the same way (`appended_from`). The hash
 chain holds every step's appends, so a table's contents reach every later hash just as the
-whole table did. tests/test_table_ledger.py rebuilds every table from the changes over
+whole table did. tests/core/test_table_ledger.py rebuilds every table from the changes over
 traffic that preempts, frees and grows them.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ from core.steplog import StepLog
 INFO = ModelInfo(model="null", num_blocks=64, block_size=4, max_model_len=256,
                  vocab_size=512, eos_ids=[0])
 # Plain steps: these tests count a run's steps in its log, and an overlapped run has one
-# more planned than settled (overlapped logs: tests/test_overlap.py).
+# more planned than settled (overlapped logs: tests/core/test_overlap.py).
 CFG = CoreConfig("-", "-", "-", "-", max_seqs=8, max_batch_tokens=64, overlap=False)
 
 

@@ -1,6 +1,6 @@
 """Which checkpoints the paged attention serves exactly, decided at load from the config.
 
-A family is listed only once tests/test_arch_families.py matches its greedy tokens with
+A family is listed only once tests/worker/test_arch_families.py matches its greedy tokens with
 transformers' generate. Anything else is refused at load, never served wrongly.
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ REMOTE_WAIT = datetime.timedelta(seconds=10)
 CLOSED = "tl/closed"
 REJOIN = 75   # exit status: start me again (not a fault; serve does not count it)
 MAX_FRAME = 1 << 30
-# Families whose greedy tokens over 2 ranks tests/test_tp.py matches with one process's; as
+# Families whose greedy tokens over 2 ranks tests/group/test_tp.py matches with one process's; as
 # in worker/archs.py, the others are refused rather than served unchecked.
 CHECKED = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "granite",
                      "starcoder2", "mixtral"})

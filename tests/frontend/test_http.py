@@ -322,7 +322,7 @@ async def _drop_mid_stream(url: str, max_tokens: int, reset: bool) -> None:
 def test_every_disconnect_mid_stream_aborts_its_request(group, gateway):
     """Ten clients leave mid-stream in turn; each request is aborted then, not run to its
     end. (A cancel swallowed by asyncio.wait_for once the next token was queued let about
-    one in ten run on: tests/test_client_async.py pins that race down.)"""
+    one in ten run on: tests/frontend/test_client_async.py pins that race down.)"""
     wait_idle(group.address)
     mine = range(1901, 1911)
     for max_tokens in mine:

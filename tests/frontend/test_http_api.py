@@ -2,7 +2,7 @@
 group on `tiny` (one group and gateway for the module): refusals are 400s naming the field,
 n choices equal Client.generate with seed + i, echo, usage in streams only when asked,
 logprobs equal the engine's, priority from the body or the header, /tokenize and
-/detokenize, and the `tl` metrics. tests/test_http_api_shapes.py checks the reply shapes
+/detokenize, and the `tl` metrics. tests/frontend/test_http_api_shapes.py checks the reply shapes
 without an engine.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The gateway's request mapping and reply shapes, in-process against a recording stand-in
 for the AsyncClient (no engine): every body field reaches the engine request it maps to,
 n choices fan out and merge, logprobs, echo, usage and `tl` take OpenAI's shapes.
-tests/test_http_api.py checks the same against the real engine.
+tests/frontend/test_http_api.py checks the same against the real engine.
 """
 from __future__ import annotations
 

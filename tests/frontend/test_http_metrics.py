@@ -91,7 +91,7 @@ def test_metrics_parse_and_move_with_traffic(gateway, oai, group):
     assert moved(before, after, "tl_time_to_first_token_seconds_count") == 2
     assert moved(before, after, "tl_time_per_output_token_seconds_count") == 2
     assert moved(before, after, "tl_engine_steps_total") >= 11
-    # every step, not one mean per scrape (exact count: tests/test_http_tools.py)
+    # every step, not one mean per scrape (exact count: tests/frontend/test_http_tools.py)
     assert moved(before, after, "tl_step_duration_seconds_count") >= 11
     with Client(group.address) as c:
         total = c.stats()["total_blocks"]
@@ -104,7 +104,7 @@ def test_metrics_parse_and_move_with_traffic(gateway, oai, group):
 
 @pytest.mark.slow  # keeps the default suite under 5 minutes; CI runs it
 def test_health_503_while_the_worker_is_replaced(tmp_path):
-    """(A dead gateway is restarted: tests/test_faults.py.)"""
+    """(A dead gateway is restarted: tests/group/test_faults.py.)"""
     g = start_group(tmp_path, ["--http-port", "0"], log=False)
     try:
         url = g.http

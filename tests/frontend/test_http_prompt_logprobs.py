@@ -1,8 +1,8 @@
 """Prompt logprobs at the gateway, in-process against a recording stand-in for the
-AsyncClient (tests/test_http_api_shapes.py's): echo with logprobs in OpenAI's legacy shape,
-max_tokens 0 with echo, prompt_logprobs in vLLM's shape on both routes, each choice of a
-batch of prompts with its own prompt's, and the 400s.
-tests/test_prompt_logprobs_api.py checks the same against the real engine."""
+AsyncClient (tests/frontend/test_http_api_shapes.py's): echo with logprobs in OpenAI's
+legacy shape, max_tokens 0 with echo, prompt_logprobs in vLLM's shape on both routes, each
+choice of a batch of prompts with its own prompt's, and the 400s.
+tests/group/test_prompt_logprobs_api.py checks the same against the real engine."""
 from __future__ import annotations
 
 import json

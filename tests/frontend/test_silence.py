@@ -1,7 +1,7 @@
 """A core that stops (SIGSTOP, a stuck machine) says nothing: the frontend's silence rule,
 counted in the frontend's own waking time, and the core's side of a new epoch (it forgets
 what it held before it is routed to again). The end-to-end faults are in
-tests/test_replica_faults.py."""
+tests/group/test_replica_faults.py."""
 from __future__ import annotations
 
 import pytest

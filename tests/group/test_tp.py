@@ -180,7 +180,7 @@ def test_spread_ranks_need_a_rendezvous_and_a_divisible_tp():
 
 
 # The families of worker/tp.py's CHECKED beyond llama and qwen2, each on its test checkpoint
-# (tests/test_arch_families.py) with 2 KV heads, so that 2 ranks hold one each.
+# (tests/worker/test_arch_families.py) with 2 KV heads, so that 2 ranks hold one each.
 @pytest.mark.slow  # ~30 s each on two shared cores
 @pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma", "gemma2", "granite",
                                     "starcoder2", "mixtral"])
