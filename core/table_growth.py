@@ -11,7 +11,7 @@ Valid because of how core/blocks.py and core/prefix_cache.py keep tables: a live
 one list that only grows by appending, and a new allocation is a new list. So the same list
 object, as long as before, holds the same blocks, and a longer one holds them followed by
 new ones. An entry keeps its list alive, so `is` cannot match a new list at a recycled
-address. tests/test_batch.py checks the bytes against a conversion from scratch over
+address. tests/core/test_batch.py checks the bytes against a conversion from scratch over
 traffic that preempts, frees and grows tables.
 
 TableLedger. The state hash takes each table's length every step, and each block once, at
@@ -19,7 +19,7 @@ the step it joins its table. Format 2 hashed every table whole every step: O(blo
 step, 0.37 of the 0.46 ms its msgpack took at 256 requests of ~95 blocks, and more as
 contexts grow. Format 3 is O(running requests) per step, plus the blocks appended since the
 last step. The hash chain holds every step's appends, so a table's contents reach every later
-hash just as the whole table did. tests/test_table_ledger.py rebuilds every table from the
+hash just as the whole table did. tests/core/test_table_ledger.py rebuilds every table from the
 changes over traffic that preempts, frees and grows them.
 """
 from __future__ import annotations

@@ -1,0 +1,3 @@
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent / "fixtures"   # the golden step logs

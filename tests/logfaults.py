@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import sqlite3
-import time
 
 from core import logwriter
 from core.config import CoreConfig, log_meta
@@ -15,7 +14,7 @@ from core.steplog import StepLog
 INFO = ModelInfo(model="null", num_blocks=64, block_size=4, max_model_len=256,
                  vocab_size=512, eos_ids=[0])
 # Plain steps: these tests count a run's steps in its log, and an overlapped run has one
-# more planned than settled (overlapped logs: tests/test_overlap.py).
+# more planned than settled (overlapped logs: tests/core/test_overlap.py).
 CFG = CoreConfig("-", "-", "-", "-", max_seqs=8, max_batch_tokens=64, overlap=False)
 
 
@@ -38,16 +37,6 @@ def run_steps(engine, n: int, seed: int = 0) -> None:
             prompt = [rng.randrange(1, 512) for _ in range(rng.randint(2, 20))]
             engine.add(Request(prompt, rng.randint(1, 16)), SamplingParams())
         engine.step()
-
-
-def wait_until(pred, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def count(path, table: str = "steps") -> int:

@@ -1,6 +1,6 @@
 """Which checkpoints the paged attention serves exactly, decided at load from the config.
 
-A family is listed only once tests/test_arch_families.py matches its greedy tokens with
+A family is listed only once tests/worker/test_arch_families.py matches its greedy tokens with
 transformers' generate. Anything else is refused at load, never served wrongly.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ SUPPORTED = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo2", "granite",
     "starcoder2", "gpt2", "gpt_neox", "mixtral",
 })
-# Families whose greedy tokens over 2 ranks (worker/tp.py) tests/test_tp.py matches with one
+# Families whose greedy tokens over 2 ranks (worker/tp.py) tests/group/test_tp.py matches with one
 # process's; as above, the others are refused rather than served unchecked.
 CHECKED = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "granite",
                      "starcoder2", "mixtral"})

@@ -14,7 +14,7 @@ Two things break it on the CPU, both fixed here through transformers' hooks, not
   included, is a row of the C kernel (worker/step.py `per_row`): its keys in block order,
   one thread per (token, KV head), whatever the chunk or the batch.
 RMSNorm, softmax, log_softmax, sort and cumsum over the last dim are already per-row
-invariant in torch's CPU kernels (checked by tests/test_invariant.py end to end).
+invariant in torch's CPU kernels (checked by tests/worker/test_invariant.py end to end).
 """
 from __future__ import annotations
 

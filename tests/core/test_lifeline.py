@@ -1,0 +1,84 @@
+"""SIGTERM ends a process quietly, also while a traced graph runs a Python op: there the
+interrupt comes out of the graph wrapped in a RuntimeError (worker/graph.py's ops are such)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from core.ipc.lifeline import Interrupts
+from scripts import ROOT
+
+SCRIPT = """
+import sys, time, torch
+from core.ipc.lifeline import sigterm_as_interrupt
+lib = torch.library.Library("tltest", "DEF")
+lib.define("nap(Tensor x) -> Tensor")
+# a slow Python op inside the graph: the nap is what SIGTERM interrupts
+lib.impl("nap", lambda x: (time.sleep(0.05), x + 1)[1], "CompositeExplicitAutograd")
+graph = torch.jit.trace(lambda x: torch.ops.tltest.nap(x) * 2, torch.zeros(4))
+interrupts = sigterm_as_interrupt()
+def forever():
+    x = graph(torch.zeros(4))
+    print("ready", flush=True)   # in the loop (and in end_quietly where it applies)
+    while True:
+        x = graph(x)
+if sys.argv[1] == "quiet":
+    with interrupts.end_quietly():
+        forever()
+else:
+    forever()
+"""
+
+
+def terminate_mid_graph(mode: str) -> subprocess.CompletedProcess:
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT, mode], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def test_sigterm_inside_a_graphs_python_op_surfaces_wrapped():
+    r = terminate_mid_graph("bare")
+    assert r.returncode != 0
+    assert "RuntimeError: KeyboardInterrupt" in r.stderr, r.stderr[-2000:]
+
+
+def test_end_quietly_ends_a_graph_interrupted_by_sigterm_with_code_0():
+    r = terminate_mid_graph("quiet")
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_end_quietly_lets_other_errors_through():
+    with pytest.raises(ValueError):
+        with Interrupts().end_quietly():
+            raise ValueError("not a SIGTERM")
+    with Interrupts().end_quietly():
+        raise KeyboardInterrupt  # ctrl-C ends quietly too
+
+
+def test_exit_now_keeps_the_exit_code_and_everything_written():
+    """exit_now skips the interpreter's teardown (slow with torch imported) but not what
+    the process wrote: buffered stdout into a pipe and a logging handler's stream."""
+    code = ("import logging, sys\n"
+            "from core.ipc.lifeline import exit_now\n"
+            "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
+            "print('to stdout', end='')\n"
+            "sys.stderr.write('to stderr ')\n"
+            "logging.warning('logged')\n"
+            "exit_now(3)\n"
+            "print('never')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # exit_now must flush itself
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert (r.returncode, r.stdout) == (3, "to stdout")
+    assert r.stderr.split() == ["to", "stderr", "logged"]

@@ -1,0 +1,207 @@
+"""Hostile input and misbehaving clients: fuzzed frames, vanishing clients, abort storms,
+aborts racing finishes, duplicate ids. Nothing dies, nothing is stuck, nothing leaks.
+
+The fuzz counts are small in the default suite; the slow suite runs 10,000 frames.
+"""
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core import protocol as P
+from frontend.client import Client, ClientError
+from tests.waiting import poll, wait_until
+
+GROUP_ARGS = ["--num-blocks", "64", "--max-seqs", "16"]
+
+
+def valid_frames() -> list[bytes]:
+    return [P.encode(m) for m in (
+        P.Generate(request_id="f", prompt="hello", max_tokens=3, stop=["x"]),
+        P.Generate(request_id="g", prompt=[1, 2, 3], max_tokens=2, temperature=0.5, seed=3),
+        P.Abort(request_id="f"), P.Stats(), P.Ping(),
+        P.AddRequest(fid=1, request_id="x", prompt=P.I32([1, 2]), max_tokens=2,
+                     priority=0, sampling=P.SamplingParams()),
+        P.StepEvents(fids=P.I32([1]), tokens=P.I32([2]), finished=[[1, "stop"]]))]
+
+
+def mutate(rng: random.Random, frame: bytes) -> bytes:
+    b = bytearray(frame)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(4)
+        if op == 0 and b:
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        elif op == 1 and b:
+            del b[rng.randrange(len(b)):]
+        elif op == 2:
+            b[rng.randrange(len(b) + 1):0] = rng.randbytes(rng.randint(1, 8))
+        else:
+            b += msgpack.packb({rng.choice(["t", "prompt", "zz"]): rng.choice([1, "a", [], None])})
+    return bytes(b)
+
+
+def frames(n: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    base = valid_frames()
+    out = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            out.append(rng.randbytes(rng.randint(0, 64)))
+        else:
+            out.append(mutate(rng, rng.choice(base)))
+    return out
+
+
+# ---------------------------------------------------------------- the decoder alone
+
+@settings(max_examples=1000, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.one_of(st.binary(max_size=200),
+                 st.builds(lambda i, s: mutate(random.Random(s), valid_frames()[i]),
+                           st.integers(0, 6), st.integers(0, 2**32))))
+def test_decoder_answers_every_frame_with_a_message_or_protocol_error(data):
+    try:
+        P.decode(data)
+    except P.ProtocolError as e:
+        assert e.code in (400, 413) and e.message
+
+
+@pytest.mark.slow
+def test_decoder_fuzz_10000():
+    for f in frames(10_000, 99):
+        try:
+            P.decode(f)
+        except P.ProtocolError:
+            pass
+
+
+# ---------------------------------------------------------------- the frontend socket
+
+def fuzz_socket(address: str, n: int, seed: int) -> int:
+    """Send n fuzzed frames; returns how many error replies came back."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.connect(address)
+    errors = 0
+    try:
+        for i, f in enumerate(frames(n, seed)):
+            s.send_multipart([f] if i % 50 else [f, b"extra"])
+            while s.poll(0):
+                errors += msgpack.unpackb(s.recv(), raw=False).get("t") == "error"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and s.poll(500):
+            errors += msgpack.unpackb(s.recv(), raw=False).get("t") == "error"
+    finally:
+        s.close(0)
+        ctx.term()
+    return errors
+
+
+def idle(st: dict) -> bool:
+    return (st["running"], st["waiting"]) == (0, 0) and st["free_blocks"] == st["total_blocks"]
+
+
+def assert_healthy(address: str) -> None:
+    with Client(address, timeout=60) as c:
+        r = c.generate("still serving", max_tokens=4, ignore_eos=True)
+        assert r.finish_reason == "length" and len(r.token_ids) == 4
+        wait_until(lambda: idle(c.stats()), timeout=15, what="no request left, every block free")
+
+
+def test_frontend_fuzz_1000_frames(group):
+    errors = fuzz_socket(group.address, 1000, 1)
+    assert errors > 300
+    assert_healthy(group.address)
+    assert group.alive()
+
+
+@pytest.mark.slow
+def test_frontend_fuzz_10000_frames(group):
+    fuzz_socket(group.address, 10_000, 2)
+    assert_healthy(group.address)
+    assert group.alive()
+
+
+def test_a_17_mb_frame_gets_413(group):
+    with Client(group.address, timeout=60) as c:
+        with pytest.raises(ClientError) as e:
+            c.generate("x" * (17 << 20), max_tokens=1, request_id="huge")
+        assert e.value.code == 413
+        assert c.generate("after", max_tokens=2).finish_reason is not None
+
+
+# ---------------------------------------------------------------- misbehaving clients
+
+def wait_aborted(log, pattern: str, n: int, timeout: float) -> bool:
+    """True once the live step log shows n requests matching `pattern` aborted."""
+    def aborted() -> int:
+        with sqlite3.connect(log) as conn:
+            return conn.execute("SELECT count(*) FROM requests WHERE client_request_id LIKE ?"
+                                " AND finish_reason='abort'", (pattern,)).fetchone()[0]
+    return bool(poll(lambda: aborted() == n, timeout, every=0.2))
+
+
+def test_vanishing_clients_and_abort_storms_leave_nothing_stuck(group):
+    rng = random.Random(5)
+    ctxs = []
+    for i in range(12):  # clients that vanish mid-stream: raw sockets closed without Abort
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.connect(group.address)
+        s.send(P.encode(P.Generate(request_id=f"v{i}", prompt=[1, 2, 3, i], max_tokens=900,
+                                   ignore_eos=True)))
+        ctxs.append((ctx, s))
+    with Client(group.address, timeout=60) as c:   # the core holds all 12 when they vanish
+        wait_until(lambda: (now := c.stats())["running"] + now["waiting"] >= 12,
+                   what="the 12 requests in the core")
+    for ctx, s in ctxs:
+        s.close(0)
+        ctx.term()
+    assert wait_aborted(group.log, "v%", 12, timeout=25)  # 5x the 5 s target
+    with Client(group.address, timeout=60) as c:
+        # an abort storm over live, finished and unknown ids, racing finishes
+        streams = [c.stream([7, i], max_tokens=rng.randint(1, 6), ignore_eos=True,
+                            request_id=f"s{i}") for i in range(20)]
+        firsts = [next(s) for s in streams[:10]]
+        for i in range(200):
+            c.abort(f"s{rng.randrange(25)}")
+        for s in streams[:10]:
+            for _ in s:
+                pass
+        assert all(f.request_id.startswith("s") for f in firsts)
+        # duplicate ids among unfinished requests are refused, the first goes on
+        it = c.stream([1, 2], max_tokens=50, ignore_eos=True, request_id="dup")
+        next(it)
+        with pytest.raises(ClientError) as e:
+            c.generate([1, 2], max_tokens=2, request_id="dup")
+        assert e.value.code == 400
+        assert list(it)[-1].finish_reason == "length"
+    assert_healthy(group.address)
+
+
+def test_many_clients_racing_aborts_and_finishes(group):
+    def worker(k):
+        rng = random.Random(k)
+        with Client(group.address, timeout=60) as c:
+            for j in range(8):
+                request_id = f"r{k}-{j}"
+                it = c.stream([k, j, 3], max_tokens=rng.randint(1, 8), ignore_eos=True,
+                              request_id=request_id)
+                for n, d in enumerate(it):
+                    if n == rng.randint(0, 3):
+                        c.abort(request_id)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert_healthy(group.address)

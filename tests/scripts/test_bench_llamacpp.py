@@ -1,0 +1,148 @@
+"""`scripts/bench compare --peer llamacpp`: its pure parts always; a tiny end-to-end smoke
+(slow) only where llama-server is already built in the cache (the peer is a benchmark
+dependency: neither the suite nor CI builds it). No timing is asserted."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scripts import ROOT
+from scripts.benchmarks import _compare_peer as peer
+from scripts.benchmarks import _compare_shared as cs
+from scripts.benchmarks import _llamacpp_get as get
+from scripts.benchmarks import _llamacpp_serve as serve
+from scripts.benchmarks import common as bl
+from scripts.benchmarks._llamacpp_convert import ascii_lead_bytes
+from worker.preset_tokenizer import _byte_chars
+
+
+
+def test_first_token_agreement_counts_early_differences_only():
+    eng = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6], None, [7, 8, 9]]
+    llm = [[1, 2, 3, 9], [1, 9, 3, 4], [5, 6], [1], [7, 8]]
+    ag = peer.first_token_agreement(eng, llm, first=3, eog={4})
+    assert ag["compared"] == 4 and ag["differ"] == 2      # request 1 at 1; request 4 shorter
+    assert ag["diverged_at_eog"] == 1                     # request 0 at 3: the engine's 4
+    assert ag["examples"][0] == {"request": 1, "position": 1, "engine": 2, "llamacpp": 9}
+    assert ag["examples"][1]["request"] == 4 and ag["examples"][1]["position"] is None
+    assert ag["whole_equal_frac"] == 1 / 4
+
+
+def test_goals_need_their_levels():
+    assert peer.goals({8: {"engine_over_llamacpp_tok_s": 3.0}}) == {}
+    g = peer.goals({1: {"engine_over_llamacpp_tpot_p50": 1.6},
+                    64: {"engine_over_llamacpp_tok_s": 1.5}})
+    assert g["c64_tok_s_ratio_at_least_1.5"]["met"] is True
+    assert g["c1_tpot_ratio_at_most_1.5"] == {"ratio": 1.6, "met": False}
+
+
+def test_rounds_split_the_workload_in_order_and_keep_the_level_busy():
+    reqs = [bl.Req([i], 1) for i in range(64)]
+    for c, sizes in ((1, [16] * 4), (8, [32, 32]), (64, [64])):
+        parts = peer.rounds(reqs, c)
+        assert [len(p) for p in parts] == sizes
+        assert [r for p in parts for r in p] == reqs
+    assert [len(p) for p in peer.rounds(reqs[:5], 1)] == [5]
+    assert [len(p) for p in peer.rounds(reqs[:40], 1)] == [20, 20]
+
+
+def test_merged_rounds_are_one_run_in_workload_order():
+    t = [bl.Trace(sent=0.0) for _ in range(3)]
+    runs = [bl.RunResult(t[:1], 2.0, {"steps": 1}, {"steps": 5}),
+            bl.RunResult(t[1:], 3.0, {"steps": 9}, {"steps": 20})]
+    m = cs.merged(runs)
+    assert m.traces == t and m.wall == 5.0
+    assert (m.stats_before, m.stats_after) == ({"steps": 1}, {"steps": 20})
+
+
+def test_slot_ctx_covers_the_longest_request():
+    reqs = [bl.Req([1] * 300, 200), bl.Req([1] * 10, 5)]
+    assert peer.slot_ctx(reqs) == 512
+    assert peer.slot_ctx([bl.Req([1] * 256, 0)]) == 256
+
+
+def test_ascii_lead_bytes_renames_only_utf8_lead_byte_tokens():
+    chars = _byte_chars()
+    tokens = [chars[b] for b in range(256)] + ["<|endoftext|>", "<|extra_257|>"]
+    out = ascii_lead_bytes(tokens)
+    assert out[:0xC0] == tokens[:0xC0] and out[256:] == tokens[256:]
+    assert out[0xC3] == "<|byte_c3|>" and all(t.isascii() for t in out[0xC0:256])
+    assert len(set(out)) == len(out)
+
+
+def test_server_args_size_slots_and_context():
+    args = serve.server_args(Path("/x/llama-server"), Path("/m.gguf"), 1234, 8, 768, 2)
+    assert args[args.index("-np") + 1] == "8" and args[args.index("-c") + 1] == str(8 * 768)
+    assert args[args.index("-t") + 1] == "2" and "--cont-batching" in args
+    assert args[args.index("-ctk") + 1] == args[args.index("-ctv") + 1] == "f32"
+
+
+def test_parse_peer_defaults_and_refusals():
+    from scripts.benchmarks import compare
+    a = compare.parse(["--peer", "llamacpp"])
+    assert a.requests == 64 and a.concurrency == [1, 8, 64]
+    assert compare.parse([]).requests == 256
+    for bad in (["--concurrency", "0"], ["--concurrency", "a,b"], ["--peer", "vllm"]):
+        with pytest.raises(SystemExit):
+            compare.parse(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(get.found() is None, reason="llama-server not built in the cache "
+                    "(scripts/bench compare --peer llamacpp builds it)")
+def test_compare_peer_llamacpp_tiny(tmp_path):
+    out = tmp_path / "peer.json"
+    cmd = [str(ROOT / "scripts" / "bench"), "compare", "--peer", "llamacpp", "--model", "tiny",
+           "--requests", "4", "--concurrency", "1,2", "--no-progress", "--allow-dirty",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    facts = doc["llamacpp"]["gguf_facts"]
+    assert facts["vocab"] == 512 and facts["eog_ids"] == [256, 258]  # EOS and <|im_end|>
+    want = doc["workload"]["max_output_tokens"]
+    for c in ("1", "2"):
+        row = doc["levels"][c]
+        for name in peer.SYSTEMS:
+            assert row[name]["completed"] == 4 and row[name]["output_tokens"] == want
+        # the same weights: tiny's logit gaps are far above f32 noise (worker/presets.py)
+        assert row["agreement"]["compared"] == 4 and row["agreement"]["differ"] == 0
+
+
+def _fake_pair(tmp_path: Path, vocab: int = 8):
+    """A checkpoint dir (config + safetensors) and a GGUF holding the same tensors."""
+    gguf = pytest.importorskip("gguf")   # a benchmark dependency: absent, nothing to check
+    import numpy as np
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(0)
+    tensors = {hf: rng.standard_normal((vocab, 4)).astype(np.float32)
+               for hf in get.SAME_BITS.values()}
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps({"vocab_size": vocab, "eos_token_id": 2}))
+    save_file(tensors, str(hf_dir / "model.safetensors"))
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list([f"t{i}" for i in range(vocab - 1)] + ["<|im_end|>"])
+    w.add_eos_token_id(2)
+    for g_name, hf_name in get.SAME_BITS.items():
+        w.add_tensor(g_name, tensors[hf_name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, hf_dir, tensors
+
+
+def test_check_model_passes_the_same_and_refuses_other_weights(tmp_path):
+    path, hf_dir, tensors = _fake_pair(tmp_path)
+    facts = get.check_model(path, hf_dir)
+    assert facts["vocab"] == 8 and facts["eog_ids"] == [2, 7]
+    from safetensors.numpy import save_file
+    tensors["model.layers.0.mlp.down_proj.weight"][3, 1] += 1e-6
+    save_file(tensors, str(hf_dir / "model.safetensors"))
+    with pytest.raises(ValueError, match="blk.0.ffn_down.weight differs"):
+        get.check_model(path, hf_dir)

@@ -1,0 +1,115 @@
+"""The trained model (the `smollm2` preset: SmolLM2-135M-Instruct from its Q4_1 GGUF) against
+transformers on the same dequantized weights: real chat prompts through the model's own chat
+template, greedy tokens compared token for token. Trained weights leave few near-ties, so a
+parting is allowed only where the top-2 margin is under 1e-4, and at most once."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from frontend.http.chat import ChatTemplate
+from frontend.tokenizer import Tokenizer
+from worker.load import make_runner, resolve_checkpoint
+
+from tests.gguf_files import smollm2
+from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "Explain photosynthesis in two sentences.",
+    "Give me three tips for sleeping better.",
+    "What is 12 times 13?",
+    "Write a haiku about the sea.",
+    "Who wrote Romeo and Juliet?",
+    "How do I boil an egg?",
+    "What does a CPU do?",
+    "Translate 'good morning' into Spanish.",
+    "Why is the sky blue?",
+    "Name the planets of the solar system.",
+    "What is the difference between weather and climate?",
+    "Suggest a name for a friendly cat.",
+    "How many legs does a spider have?",
+    "What is Python used for?",
+    "Summarize the story of Cinderella in one sentence.",
+)
+NEW_TOKENS = 32
+MARGIN = 1e-4
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return resolve_checkpoint("smollm2")[0]
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer():
+    """transformers' own reading of the GGUF file's tokenizer and chat template."""
+    path = smollm2()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """The engine's worker as served: the batch-invariant mode where the model allows it."""
+    return make_runner("smollm2", num_blocks=256, batch_invariant=None)
+
+
+@pytest.fixture(scope="module")
+def stock(checkpoint):
+    return AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa")
+
+
+def messages(question: str) -> list[dict]:
+    return [{"role": "user", "content": question}]
+
+
+def test_the_chat_template_renders_as_transformers_does(checkpoint, reference_tokenizer):
+    ours = ChatTemplate.load(str(checkpoint))
+    assert not ours.builtin
+    tok = Tokenizer.load(str(checkpoint))
+    for q in QUESTIONS:
+        text = ours.render(messages(q))
+        assert text == reference_tokenizer.apply_chat_template(
+            messages(q), tokenize=False, add_generation_prompt=True)
+        want = reference_tokenizer.apply_chat_template(messages(q), add_generation_prompt=True)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        assert tok.encode(text, add_special_tokens=False) == list(want)
+
+
+def test_greedy_tokens_equal_transformers_generate(runner, stock, reference_tokenizer):
+    prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS]
+    ours, _ = run_engine(runner, [(p, NEW_TOKENS, GREEDY) for p in prompts], max_chunk=64)
+    partings = []
+    for q, p, got in zip(QUESTIONS, prompts, ours):
+        want = stock_greedy(stock, p, NEW_TOKENS)
+        if got != want:
+            at = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+            partings.append((q, at, _margin(stock, p + want[:at])))
+    assert all(m < MARGIN for _, _, m in partings) and len(partings) <= 1, (
+        "request, position, top-2 margin where the engine parts from transformers: "
+        f"{partings}")
+
+
+def _ids(tokenizer, question: str) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages(question), add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _margin(model, ids: list[int]) -> float:
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0, -1]
+    top = torch.topk(logits.float(), 2).values
+    return float(top[0] - top[1])
+
+
+def test_prompt_logprobs_equal_transformers_log_softmax(runner, stock, reference_tokenizer):
+    """Chat prompts and a plain passage, batched, in 32-token chunks: each prompt token's
+    logprob, its rank and the top 3 within 1e-4 of transformers' log_softmax."""
+    from tests.worker.test_prompt_logprobs import check_against, collect, engine
+    passage = reference_tokenizer("The river rose slowly through the night, and by morning "
+                                  "the old stone bridge stood in a wide brown lake.")["input_ids"]
+    prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS[:3]] + [list(passage)]
+    got = collect(engine(runner, max_chunk=32), [(p, 1) for p in prompts])
+    for p, g in zip(prompts, got):
+        check_against(stock, p, g)
