@@ -150,6 +150,7 @@ def test_a_matcher_out_of_step_is_rebuilt_from_the_batch(runner):
     assert allowed(list(b"ab-1")) == digits | set(runner.info.eos_ids)
 
 
+@pytest.mark.slow   # two more model loads and two replays: ~60 s on the shared 2 cores
 def test_a_constrained_run_with_preemption_replays_with_the_model(runner, tmp_path):
     """The log records each request's constraint: verify --with-model and request --rerun
     give the same tokens (the replaying runner builds the grammars from the batches)."""
