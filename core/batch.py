@@ -61,10 +61,30 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         top_k=I32([p.top_k for p in params]),
         seeds=I64([p.seed if p.seed is not None else 0 for p in params]),
         gen_index=I32(gen_index))
-    if any(p.min_p or p.penalized or p.logprobs is not None for p in params) or any(banned):
+    constrained = any(p.constraint is not None for p in params)
+    if (constrained or any(banned)
+            or any(p.min_p or p.penalized or p.logprobs is not None for p in params)):
         ends = [len(t) for t in dec] + [end for _, end in spans]
-        _processors(batch, [tokens[r][:ends[r]] for r in rows], params, gen_index, banned)
+        history = [tokens[r][:ends[r]] for r in rows]
+        _processors(batch, history, params, gen_index, banned)
+        if constrained:
+            _grammars(batch, history, params, gen_index, [r >= num_decode for r in rows])
     return batch
+
+
+def _grammars(b: ForwardBatch, history: Sequence[Sequence[int]],
+              params: Sequence[SamplingParams], gen_index: Sequence[int],
+              first: Sequence[bool]) -> None:
+    """The constrained rows' columns (see ForwardBatch): each row's constraint key and
+    generated tokens; the specs of those whose row is a prefill's last chunk (the first
+    sample since the request was admitted or recomputed)."""
+    cons = [p.constraint for p in params]
+    b.grammar = [c.key if c is not None else "" for c in cons]
+    gen = [h[len(h) - g:] if c is not None else () for h, g, c in zip(history, gen_index, cons)]
+    b.grammar_tokens = I32(chain.from_iterable(gen))
+    b.grammar_start = I32(_offsets(gen))
+    specs = {c.key: [c.key, c.kind, c.text] for c, f in zip(cons, first) if c is not None and f}
+    b.grammar_specs = list(specs.values())
 
 
 def _processors(b: ForwardBatch, history: Sequence[Sequence[int]],
@@ -146,7 +166,7 @@ def fill_ahead(batch: ForwardBatch, step: int, tokens: Sequence[int] | None) -> 
     if batch.prev_step < 0:
         return True
     ok = tokens is not None and step == batch.prev_step
-    for name in ("input_ids", "history"):
+    for name in ("input_ids", "history", "grammar_tokens"):
         col = getattr(batch, name)
         if len(col) and min(col) < 0:
             setattr(batch, name, I32([t if t >= 0 else (tokens[-1 - t] if ok else 0) for t in col]))

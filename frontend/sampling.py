@@ -20,9 +20,12 @@ def failover_seed(msg: Generate, ident: bytes) -> int | None:
 
 
 def sampling_of(msg: Generate, seed: int | None = None) -> SamplingParams:
-    """The request's sampling; `seed` stands in for a missing one."""
+    """The request's sampling (its constraint checked by check_params already); `seed`
+    stands in for a missing one."""
+    from frontend.structured import constraint_of
     return SamplingParams(msg.temperature, msg.top_p, msg.top_k,
                           msg.seed if msg.seed is not None else seed, msg.min_p,
                           msg.presence_penalty, msg.frequency_penalty, msg.repetition_penalty,
                           msg.min_tokens, msg.stop_token_ids, msg.logprobs,
-                          msg.prompt_logprobs)
+                          msg.prompt_logprobs,
+                          constraint_of(msg.response_format, msg.structured_outputs))

@@ -32,7 +32,12 @@ class Rerun:
 
 
 def logged_tokens(log: LogFile, seq_id: int) -> list[int]:
-    """The tokens the log's steps gave the request, in order (finished or not)."""
+    """The request's output as its finish recorded it; for one unfinished, the tokens the
+    log's steps gave it, in order (an overlapped log also holds the token sampled after a
+    stop token, which its finish drops: docs/DESIGN.md, "Overlapped scheduling")."""
+    out = log.requests[seq_id].get("output_tokens")
+    if out is not None:
+        return list(out)
     return [tok for row in log.steps() for sid, tok, _ in row.outputs if sid == seq_id]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import fields
 from operator import itemgetter
 
+from core.ipc.protocol import CONSTRAINT_KINDS
 from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
 from core.sched_types import FINISH_REASONS
@@ -19,7 +20,8 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
             "repetition_penalty": number, "min_tokens": lambda v, w: integer(v, w, 0),
             "stop_token_ids": lambda v, w: optional(int_list, v, w, 0),
             "logprobs": lambda v, w: optional(integer, v, w, 0),
-            "prompt_logprobs": lambda v, w: optional(integer, v, w, 0)}
+            "prompt_logprobs": lambda v, w: optional(integer, v, w, 0),
+            "constraint": lambda v, w: optional(_constraint, v, w)}
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
@@ -101,6 +103,16 @@ def _sampling(doc, where: str) -> dict:
             raise DamagedLog(f"{where} has an unknown key {key!r}")
         read(value, f"{where} {key}")
     return doc
+
+
+def _constraint(doc, where: str) -> dict:
+    """A structured-output constraint: {"kind": one of CONSTRAINT_KINDS, "text": a string}."""
+    c = mapping(doc, where, ("kind", "text"))
+    if set(c) != {"kind", "text"}:
+        raise DamagedLog(f"{where} must hold exactly kind and text")
+    one_of(c["kind"], f"{where} kind", CONSTRAINT_KINDS)
+    text(c["text"], f"{where} text")
+    return c
 
 
 def input_row(step, seq, kind, seq_id, requests: dict) -> tuple[int, str, int | None]:

@@ -1,4 +1,5 @@
-"""ModelRunner: one HF causal LM, its paged KV pool, and the sampler."""
+"""ModelRunner: one HF causal LM, its paged KV pool, and the sampler (with the constrained
+rows' matchers, worker/grammar.py: a cache the batches keep right)."""
 from __future__ import annotations
 
 import torch
@@ -7,13 +8,15 @@ from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
 from worker import archs, graph, invariant, native, prompt_scores
 from worker.linear import packed, rows
 from worker.attention import KWARG
+from worker.grammar import Grammars
 from worker.handmade import Part, make_batch
 from worker.sampler import sample_step
 from worker.step import StepInputs, build_step
 
 
 class ModelRunner:
-    """Stateless apart from the KV tensor: every ForwardBatch carries all a step needs."""
+    """Stateless apart from the KV tensor and the matchers' cache: every ForwardBatch
+    carries all a step needs."""
 
     def __init__(self, model, kv: torch.Tensor, info: ModelInfo):
         self.model = model
@@ -25,6 +28,7 @@ class ModelRunner:
         self.windows = archs.windows(cfg)
         self.native = archs.plain_attention(cfg) and native.usable(kv, rep)
         self.per_row = info.batch_invariant   # docs/DESIGN.md, "Batch-invariant mode"
+        self.grammars = Grammars(info.tokenizer, info.vocab_size, info.eos_ids)
         if self.per_row:
             invariant.check_supported(model, kv, rep, info.tp)
         self.graph: graph.DecodeGraph | None = None
@@ -72,7 +76,7 @@ class ModelRunner:
                          prompt_top_logprobs=ps.top_logprobs)
         if rows == 0:
             return out
-        tokens, lp = sample_step(logits[:rows], batch)
+        tokens, lp = sample_step(logits[:rows], batch, self.grammars)
         out.tokens = I32(tokens.to(torch.int32).numpy().tobytes())
         out.logprobs, out.top_ids, out.top_logprobs = lp.chosen, lp.top_ids, lp.top_logprobs
         return out

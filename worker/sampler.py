@@ -49,9 +49,14 @@ def uniform(seed: int, index: int) -> float:
     return float(torch.rand((), generator=g, dtype=torch.float64))
 
 
-def sample_step(logits: torch.Tensor, b: ForwardBatch) -> tuple[torch.Tensor, Logprobs]:
-    """A step's [R, V] logits -> ([R] long token ids on the CPU, their logprobs)."""
+def sample_step(logits: torch.Tensor, b: ForwardBatch,
+                grammars=None) -> tuple[torch.Tensor, Logprobs]:
+    """A step's [R, V] logits -> ([R] long token ids on the CPU, their logprobs).
+    `grammars` (worker/grammar.py) masks the constrained rows after the processors, so
+    that sampling and logprobs both see the mask."""
     logits = process(logits, b)
+    if grammars is not None:
+        logits = grammars.mask(logits, b)
     tokens = sample(logits, SampleParams.from_batch(b))
     return tokens, logprobs(logits, tokens, b)
 

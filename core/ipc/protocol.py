@@ -6,7 +6,9 @@ pairs bound by the core), and a joined replica's core <-> the frontend's --repli
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Union
 
 from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError, decode,  # noqa: F401
@@ -16,6 +18,23 @@ from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError
 DEFAULT_ADDRESS = "tcp://127.0.0.1:7600"
 
 # ---------------------------------------------------------------- shared payloads
+
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match (docs/structured.md): kind "json" (text: a JSON
+    schema), "regex", "choice" (text: a JSON list of strings) or "grammar" (Lark or GBNF)."""
+    kind: str
+    text: str
+
+    @cached_property
+    def key(self) -> str:
+        """The worker's cache key for its compiled grammar."""
+        h = hashlib.blake2b(f"{self.kind}\0{self.text}".encode(), digest_size=16)
+        return h.hexdigest()
+
 
 @dataclass
 class SamplingParams:
@@ -34,6 +53,11 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     logprobs: int | None = None            # None: none; k: the chosen token's and top k
     prompt_logprobs: int | None = None     # None: none; k: each prompt token's and top k
+    constraint: Constraint | None = None   # structured outputs (docs/structured.md)
+
+    def __post_init__(self):   # the step log holds it as a JSON object (replay)
+        if isinstance(self.constraint, dict):
+            self.constraint = Constraint(**self.constraint)
 
     @property
     def penalized(self) -> bool:
@@ -89,6 +113,9 @@ class Generate:
     # the request ends "length" at the context
     max_tokens_must_fit: bool = False
     prompt_logprobs: int | None = None     # each prompt token's logprob and the top k
+    # structured outputs (docs/structured.md): OpenAI's and vLLM's objects, at most one
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
 
 
 @message("abort")
@@ -269,8 +296,14 @@ class ForwardBatch:
     query token prompt_rows[m] scores the prompt token prompt_targets[m] (the one after it)
     and returns its prompt_top[m] best alternatives.
 
+    Structured outputs (docs/structured.md), empty unless a row is constrained:
+    grammar[j] is row j's constraint key ("" for none), its generated tokens so far are
+    grammar_tokens[grammar_start[j]:grammar_start[j+1]], and grammar_specs holds
+    [key, kind, text] of each constraint whose row samples a request's first token since it
+    was (re)admitted, so that a worker that lacks it (new, restarted, replaying) can build it.
+
     Overlapped scheduling (docs/DESIGN.md, "Overlapped scheduling"): a negative entry
-    -1 - j of input_ids or history stands for the token sampled by row j of step
+    -1 - j of input_ids, history or grammar_tokens stands for the token sampled by row j of step
     `prev_step`, which the worker fills in from its own last StepResult before the forward.
     """
     step: int
@@ -302,6 +335,10 @@ class ForwardBatch:
     prompt_rows: I32 = field(default_factory=I32)
     prompt_targets: I32 = field(default_factory=I32)
     prompt_top: I32 = field(default_factory=I32)
+    grammar: list[str] = field(default_factory=list)
+    grammar_tokens: I32 = field(default_factory=I32)
+    grammar_start: I32 = field(default_factory=I32)
+    grammar_specs: list[list[str]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:

@@ -66,7 +66,8 @@ class AsyncClient(RequestStream):
                        repetition_penalty=1.0, min_tokens=0, stop_token_ids=None,
                        include_stop_str_in_output=False, skip_special_tokens=True,
                        add_special_tokens=True, user=None, max_tokens_must_fit=False,
-                       prompt_logprobs=None) -> Result:
+                       prompt_logprobs=None, response_format=None,
+                       structured_outputs=None) -> Result:
         """The whole answer; stream() (RequestStream) gives it delta by delta."""
         msg = generate_of(locals())
         result = Result(msg.request_id)

@@ -50,7 +50,8 @@ class Client(RequestStream):
                  min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
                  min_tokens=0, stop_token_ids=None, include_stop_str_in_output=False,
                  skip_special_tokens=True, add_special_tokens=True, user=None,
-                 max_tokens_must_fit=False, prompt_logprobs=None) -> Result:
+                 max_tokens_must_fit=False, prompt_logprobs=None, response_format=None,
+                 structured_outputs=None) -> Result:
         """The whole answer; stream() (RequestStream) gives it delta by delta."""
         msg = generate_of(locals())
         self._start(msg)

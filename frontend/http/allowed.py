@@ -17,12 +17,12 @@ _COMMON = {"model", "n", "stream", "stream_options", "temperature", "top_p", "se
            "max_tokens", "presence_penalty", "frequency_penalty", "user", "logit_bias",
            "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
            "include_stop_str_in_output", "skip_special_tokens", "ignore_eos",
-           "add_special_tokens", "priority"}
+           "add_special_tokens", "priority", "response_format", "structured_outputs"}
 COMPLETION = frozenset(_COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix",
                                   "prompt_logprobs"})
 CHAT = frozenset(_COMMON | {"prompt_logprobs",
     "messages", "logprobs", "top_logprobs", "max_completion_tokens", "tools", "functions",
-    "tool_choice", "function_call", "response_format", "parallel_tool_calls", "audio",
+    "tool_choice", "function_call", "parallel_tool_calls", "audio",
     "modalities", "prediction", "store", "metadata", "service_tier", "reasoning_effort",
     "web_search_options", "verbosity", "moderation", "prompt_cache_key",
     "prompt_cache_retention", "prompt_cache_options", "safety_identifier"})
@@ -51,7 +51,6 @@ NEUTRAL: dict[str, tuple[str, Callable[[object], bool]]] = {
     "functions": ("null or []", _one_of([])),
     "tool_choice": ('null or "none"', _one_of("none")),
     "function_call": ('null or "none"', _one_of("none")),
-    "response_format": ('null or {"type": "text"}', _one_of({"type": "text"})),
     "parallel_tool_calls": ("null or a boolean (no tools are ever called)", _is_bool),
     "audio": ("null", _one_of()),
     "modalities": ('null or ["text"]', _one_of(["text"])),

@@ -23,6 +23,7 @@ from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
                                            engine_max_tokens)
 from frontend.http.reply_bound import check_reply
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
+from frontend.structured import check_constraint
 from frontend.validate import InvalidField, check_fields
 
 __all__ = ["ApiError", "GenRequest", "parse_chat", "parse_completion", "parse_priority"]
@@ -191,7 +192,8 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
         skip_special_tokens=get(body, "skip_special_tokens", BOOL, True),
         add_special_tokens=get(body, "add_special_tokens", BOOL, add_special_tokens),
         user=get(body, "user", STR), max_tokens_must_fit=explicit,
-        prompt_logprobs=prompt_logprobs)
+        prompt_logprobs=prompt_logprobs, response_format=body.get("response_format"),
+        structured_outputs=body.get("structured_outputs"))
 
 
 def _top_k(body: dict) -> int:
@@ -212,6 +214,7 @@ def _request(body: dict, msg: Generate, max_model_len: int | None,
                      max_tokens_field=max_tokens_field, prompt_ask=ask)
     try:
         check_fields(gen.msg, max_model_len)
+        check_constraint(gen.msg)   # shapes and compiling (docs/structured.md)
     except InvalidField as e:
         raise ApiError(400, str(e), gen.param(e.field)) from None
     return gen

@@ -71,7 +71,7 @@ REFUSED_CHAT = [
     ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     ("functions", {"functions": [{"name": "f"}]}), ("tool_choice", {"tool_choice": "auto"}),
     ("function_call", {"function_call": "auto"}),
-    ("response_format", {"response_format": {"type": "json_object"}}),
+    ("response_format", {"response_format": {"type": "json_schema"}}),
     ("parallel_tool_calls", {"extra_body": {"parallel_tool_calls": "yes"}}),
     ("audio", {"audio": {"voice": "alloy", "format": "wav"}}),
     ("modalities", {"modalities": ["text", "audio"]}),

@@ -1,0 +1,121 @@
+"""Constrained rows in the worker (docs/structured.md): one llguidance matcher per sequence,
+brought to the tokens the batch says the row has generated, and the masks of a step's
+constrained rows applied to their logits before sampling and logprobs.
+
+The batch is the truth: a matcher is kept between steps only as a cache. Each step it is
+checked against the row's generated tokens (grammar_tokens) and advanced by the new ones, or
+rebuilt from all of them when they disagree (a preempted request recomputed, a stale batch, a
+new worker), so preemption, restarts, overlap and replay need nothing else.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from core.ipc.protocol import Constraint, ForwardBatch
+
+log = logging.getLogger("worker")
+
+MAX_GRAMMARS = 1024   # built grammars kept by key, least recently used dropped
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+@dataclass
+class _Seq:
+    key: str
+    matcher: object                # llguidance.LLMatcher
+    tokens: list[int]              # the generated tokens it has consumed
+
+
+class Grammars:
+    def __init__(self, tokenizer_dir: str, vocab_size: int, eos_ids: list[int]):
+        self.tokenizer_dir, self.vocab_size, self.eos_ids = tokenizer_dir, vocab_size, eos_ids
+        self._tok = None           # llguidance.LLTokenizer, built at the first constraint
+        self._executor = None
+        self._built: OrderedDict[str, object] = OrderedDict()   # key -> pristine matcher
+        self._seqs: dict[int, _Seq] = {}
+
+    def mask(self, logits: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
+        """`logits` [R, V] with every token the constrained rows' grammars forbid at -inf
+        (nothing else changes: the batch-invariant mode stays bitwise); a new tensor when
+        any row is constrained, `logits` itself when none is."""
+        if not b.grammar:
+            return logits
+        self._learn(b.grammar_specs)
+        rows = [j for j, key in enumerate(b.grammar) if key]
+        seqs = [int(b.seq_ids[b.sample_rows[j]]) for j in rows]
+        matchers = [self._sync(s, b, j) for s, j in zip(seqs, rows)]
+        self._seqs = {s: self._seqs[s] for s in seqs}   # a sequence not sampled now is rebuilt
+        allowed = self._allowed(matchers)
+        out = logits.clone()
+        index = torch.tensor(rows, device=logits.device)
+        out[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+        return out
+
+    # ---- matchers
+
+    def _learn(self, specs: list[list[str]]) -> None:
+        for key, kind, text in specs:
+            if key not in self._built:
+                self._built[key] = self._build(Constraint(kind, text))
+            self._built.move_to_end(key)
+        while len(self._built) > MAX_GRAMMARS:
+            self._built.popitem(last=False)
+
+    def _build(self, c: Constraint):
+        import llguidance
+
+        from worker.grammar_text import grammar_of
+        m = llguidance.LLMatcher(self._tokenizer(), grammar_of(c), log_level=0)
+        if m.is_error():   # the frontend checked it: only what needs the vocabulary fails here
+            log.warning("constraint %s does not compile: %s", c.key, m.get_error())
+        return m
+
+    def _sync(self, seq_id: int, b: ForwardBatch, j: int):
+        """Row j's matcher, having consumed exactly the row's generated tokens."""
+        key = b.grammar[j]
+        tokens = b.grammar_tokens[b.grammar_start[j]:b.grammar_start[j + 1]].tolist()
+        st = self._seqs.get(seq_id)
+        if st is None or st.key != key or st.tokens != tokens[:len(st.tokens)]:
+            built = self._built.get(key)
+            if built is None:
+                raise ValueError(f"row {j} has constraint {key}, which this worker was never "
+                                 "given (its spec comes with the request's first sample)")
+            st = _Seq(key, built.deep_copy(), [])
+            self._seqs[seq_id] = st
+        new = tokens[len(st.tokens):]
+        if new:
+            st.matcher.consume_tokens(new)
+            st.tokens.extend(new)
+        return st.matcher
+
+    # ---- masks
+
+    def _allowed(self, matchers: list) -> torch.Tensor:
+        """[len(matchers), vocab] bool: what each may take next. A matcher in an error state
+        (a token it refused: only a stale batch's zeros can be one) may take EOS only, so
+        its request ends."""
+        import llguidance
+        words = (self.vocab_size + 31) // 32
+        bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
+        self._executor = self._executor or llguidance.LLExecutor()
+        self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)],
+                                               bitmask.data_ptr(), words * 4, len(matchers))
+        allowed = ((bitmask[:, :, None] >> _BITS) & 1).view(len(matchers), -1)
+        allowed = allowed[:, :self.vocab_size].bool()
+        dead = ~allowed.any(-1)
+        if bool(dead.any()):
+            allowed[dead.nonzero().flatten()[:, None], torch.tensor(self.eos_ids)] = True
+        return allowed
+
+    def _tokenizer(self):
+        if self._tok is None:
+            import llguidance.hf
+            from transformers import AutoTokenizer
+            hf = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+            self._tok = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size,
+                                                     eos_token=list(self.eos_ids) or None)
+        return self._tok
