@@ -3,7 +3,8 @@ it, as OpenAI answers unrecognized arguments.
 
 Fields OpenAI defines that this server cannot honour are accepted only at a neutral value
 (null, the default, an empty list or object: a value that asks for nothing), and any other
-value is a 400 saying they are not supported. The rest is honoured by schema.py.
+value is a 400 saying they are not supported. The rest is honoured by schema.py (the tool
+fields by tools.py).
 """
 from __future__ import annotations
 
@@ -37,21 +38,14 @@ def _is_str(v) -> bool:
     return isinstance(v, str)
 
 
-def _is_bool(v) -> bool:
-    return isinstance(v, bool)
-
-
 # name -> (its neutral values, as the 400 says them; the test of a non-null value).
 # Cache and safety hints change no output: any string passes.
 NEUTRAL: dict[str, tuple[str, Callable[[object], bool]]] = {
     "best_of": ("null or 1", _one_of(1)),
     "logit_bias": ("null or {}", _one_of({})),
     "suffix": ('null or ""', _one_of("")),
-    "tools": ("null or []", _one_of([])),
     "functions": ("null or []", _one_of([])),
-    "tool_choice": ('null or "none"', _one_of("none")),
     "function_call": ('null or "none"', _one_of("none")),
-    "parallel_tool_calls": ("null or a boolean (no tools are ever called)", _is_bool),
     "audio": ("null", _one_of()),
     "modalities": ('null or ["text"]', _one_of(["text"])),
     "prediction": ("null", _one_of()),

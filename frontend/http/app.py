@@ -19,7 +19,7 @@ from frontend.client.common import ClientError
 from frontend.http.pool import ClientPool
 from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
-from frontend.http.format import ChatFormat, CompletionFormat
+from frontend.http.format import CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
 from frontend.http.identity import identity
 from frontend.http.offload import Offload
@@ -27,6 +27,7 @@ from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
 from frontend.http.tokens import Tokens, detokenize, tokenize, tokenizer_info
+from frontend.http.tool_replies import chat_format
 
 log = logging.getLogger("http")
 
@@ -161,9 +162,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
     # No max_tokens: run to the context limit (the engine ends such a request "length").
-    gen = parse_chat(body, priority, gw.chat.render, gw.max_model_len, gw.max_model_len)
+    gen = parse_chat(body, priority, gw.chat, gw.max_model_len, gw.max_model_len)
     return await generate(request, gw.client_for(request), gen,
-                          ChatFormat(gw.model, gen, gw.tokens), gw.metrics)
+                          chat_format(gw.model, gen, gw.tokens, gw.chat), gw.metrics)
 
 
 async def tokenize_route(request: web.Request) -> web.Response:

@@ -10,6 +10,8 @@ import os
 
 from core.chatml import CHATML_TEMPLATE
 from frontend.http.errors import ApiError
+from frontend.http.tool_messages import (has_tool_parts, hermes_messages, knows_tools,
+                                          tool_format)
 
 
 class ChatTemplate:
@@ -38,11 +40,26 @@ class ChatTemplate:
         """The served model's Hugging Face tokenizer (the engine's, from the same directory)."""
         return self._hf
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def tool_format(self) -> str:
+        """The format its model writes tool calls in (frontend/tool_parsers.py)."""
+        return tool_format(self.template)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               tools: list | None = None) -> str:
+        """`tools`: the body's, in OpenAI's shape; a template that does not read them gets
+        the conversation in the Hermes format (tool_messages.py)."""
         from jinja2 import TemplateError
+        kw = {}
+        if not knows_tools(self.template):
+            if tools or has_tool_parts(messages):
+                messages = hermes_messages(messages, tools)
+        elif tools:
+            kw["tools"] = list(tools)
         try:
             return self._hf.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=add_generation_prompt)
+                                                add_generation_prompt=add_generation_prompt,
+                                                **kw)
         except (TemplateError, ValueError) as e:  # e.g. the template's raise_exception
             raise ApiError(400, f"the chat template refused the messages: {e}",
                            "messages") from None

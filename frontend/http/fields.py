@@ -8,6 +8,7 @@ import json
 from typing import Any, Callable
 
 from frontend.http.errors import ApiError
+from frontend.http.tool_messages import tool_fields
 
 
 def _is_int(v) -> bool:
@@ -79,7 +80,9 @@ def _message(m) -> dict:
                    and isinstance(p.get("text"), str) for p in content):
             raise ApiError(400, "only text content parts are supported", "messages")
         content = "".join(p["text"] for p in content)
+    if content is None and m["role"] == "assistant" and m.get("tool_calls"):
+        content = ""   # a message of calls only
     if not isinstance(content, str):
         raise ApiError(400, "message content must be a string or a list of text parts",
                        "messages")
-    return {"role": m["role"], "content": content}
+    return {"role": m["role"], "content": content, **tool_fields(m)}

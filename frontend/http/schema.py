@@ -10,20 +10,21 @@ passes through as it is. The body's JSON itself is checked first (jsonbody.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from core.ipc.protocol import Generate
 from frontend.client.common import make_generate
 from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
+from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
 from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
                                            engine_max_tokens)
 from frontend.http.reply_bound import check_reply
+from frontend.http.tools import ToolAsk, tool_ask
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
-from frontend.structured import check_constraint
+from frontend.structured import check_constraint, constraint_of
 from frontend.validate import InvalidField, check_fields
 
 __all__ = ["ApiError", "GenRequest", "parse_chat", "parse_completion", "parse_priority"]
@@ -51,6 +52,7 @@ class GenRequest:
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
     max_tokens_field: str = "max_tokens"  # the body's name for it (chat: either name)
     prompt_ask: PromptAsk = PromptAsk()   # prompt logprobs (prompt_logprobs.py)
+    tools: ToolAsk | None = None          # the offered tools (tools.py)
 
     @property
     def batch(self) -> list:
@@ -127,22 +129,42 @@ def _batch(gen: GenRequest, prompts: list) -> GenRequest:
     return gen
 
 
-def parse_chat(body: dict, priority: int | None, render: Callable[[list], str],
+def parse_chat(body: dict, priority: int | None, chat: ChatTemplate,
                default_max_tokens: int, max_model_len: int | None = None) -> GenRequest:
-    """`render` turns the checked messages into the prompt text (the chat template), which
-    holds its own special tokens: add_special_tokens defaults to false."""
+    """`chat` turns the checked messages (and tools) into the prompt text, which holds its
+    own special tokens: add_special_tokens defaults to false."""
     check_known(body, CHAT)
     ask = chat_ask(body)
+    tools = tool_ask(body)
     max_tokens = _chat_max_tokens(body)
-    msg = _generate(body, render(fields.messages(body.get("messages"))), priority,
+    prompt = chat.render(fields.messages(body.get("messages")),
+                         tools=tools.tools if tools else None)
+    msg = _generate(body, prompt, priority,
                     default_max_tokens if max_tokens is None else max_tokens,
                     _chat_logprobs(body), add_special_tokens=False,
                     explicit=max_tokens is not None, prompt_logprobs=ask.engine)
+    if tools is not None and tools.constrains:
+        msg = _tool_constraint(msg, tools, chat.tool_format)
     newer = body.get("max_completion_tokens") is not None
     gen = _request(body, msg, max_model_len, ask=ask,
                    max_tokens_field="max_completion_tokens" if newer else "max_tokens")
+    gen.tools = tools
     return check_reply(gen, "top_logprobs" if body.get("top_logprobs") is not None
                        else "logprobs", max_model_len)
+
+
+def _tool_constraint(msg: Generate, tools: ToolAsk, fmt: str) -> Generate:
+    """`required` or a named function: the reply is constrained to calls, so it cannot be
+    constrained otherwise as well."""
+    try:
+        other = constraint_of(msg.response_format, msg.structured_outputs)
+    except InvalidField:
+        return msg   # a malformed field: _request names it
+    if other is not None:
+        raise ApiError(400, f"tool_choice {tools.choice!r} constrains the reply to tool "
+                            "calls: give no response_format or structured_outputs with it",
+                       "tool_choice")
+    return replace(msg, response_format=None, structured_outputs=tools.structured_outputs(fmt))
 
 
 def _chat_max_tokens(body: dict) -> int | None:

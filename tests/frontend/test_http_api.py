@@ -68,7 +68,7 @@ REFUSED_COMPLETION = [
     ("user", {"user": "u" * 300}), ("priority", {"extra_body": {"priority": 1001}}),
 ]
 REFUSED_CHAT = [
-    ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
     ("functions", {"functions": [{"name": "f"}]}), ("tool_choice", {"tool_choice": "auto"}),
     ("function_call", {"function_call": "auto"}),
     ("response_format", {"response_format": {"type": "json_schema"}}),
