@@ -31,6 +31,7 @@ import argparse
 import sys
 import traceback
 
+from core import cli
 from scripts.benchmarks import _compare_phases as ph
 from scripts.benchmarks import _compare_shared as cs
 from scripts.benchmarks import _provenance as prov
@@ -44,8 +45,8 @@ CACHES = ("transformers: none across requests; tl-engine: prefix cache on, hits 
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench compare", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smol")
+    p = cli.parser(prog="scripts/bench compare", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smol", help="the model both sides run (tiny | smol | PATH)")
     p.add_argument("--requests", type=int, default=None,
                    help="default 256; 64 with --peer (mixed-64)")
     p.add_argument("--quick", action="store_true", help="32 requests, 4 sequential")
@@ -53,22 +54,22 @@ def parse(argv=None) -> argparse.Namespace:
                    help="instead of the transformers phases: llama.cpp's llama-server, side "
                         "by side at each --concurrency (built and cached on first use)")
     p.add_argument("--concurrency", default="1,8,64",
-                   help="with --peer: comma-separated requests in flight (default 1,8,64)")
+                   help="with --peer: comma-separated requests in flight")
     p.add_argument("--agree-first", type=int, default=16,
                    help="with --peer: greedy agreement over each request's first N tokens")
     p.add_argument("--rounds", type=int, default=2,
-                   help="without --peer: slices of the workload the systems take turns over "
-                        "(default 2)")
+                   help="without --peer: slices of the workload the systems take turns over")
     p.add_argument("--sequential", type=int, default=8,
-                   help="requests run one at a time, spread over the rounds (default 8)")
+                   help="requests run one at a time, spread over the rounds")
     p.add_argument("--batch", type=int, default=32, help="static batch size")
     p.add_argument("--skip", default="",
                    help=f"comma-separated phases to skip: {','.join(PHASES)}")
     p.add_argument("--engine-args", default="",
                    help='extra scripts/serve flags, given with "=": --engine-args="--no-log"')
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
     prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
     a = p.parse_args(argv)
     if a.quick:
         a.requests, a.sequential = 32, min(a.sequential, 4)

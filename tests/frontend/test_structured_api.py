@@ -13,7 +13,7 @@ import pytest
 
 from frontend.client import ClientError
 from frontend.structured import MAX_CONSTRAINT_CHARS
-from tests import test_http
+from tests.frontend import test_http
 from tests.worker.test_structured_worker import CHOICES, REGEX, SCHEMAS
 
 gateway, oai, engine = test_http.gateway, test_http.oai, test_http.engine  # shared fixtures

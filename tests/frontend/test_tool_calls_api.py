@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests import test_http
+from tests.frontend import test_http
 
 gateway, oai, engine = test_http.gateway, test_http.oai, test_http.engine  # shared fixtures
 

@@ -1,6 +1,7 @@
 """`--help` of scripts/serve, scripts/replay and scripts/bench: grouped options, each with one
 line of help (its default shown by core/cli.py)."""
 import argparse
+from pathlib import Path
 import importlib
 import subprocess
 
@@ -41,7 +42,11 @@ class _Parsed(Exception):
     pass
 
 
-@pytest.mark.parametrize("name", ["log", "sched", "serve", "soak", "whatif"])
+BENCHMARKS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "scripts" / "benchmarks")
+                    .glob("*.py") if not p.stem.startswith("_") and p.stem != "common")
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
 def test_a_benchmark_gives_every_option_help(name, monkeypatch):
     """The parser the benchmark's main builds, caught where it would parse."""
     seen = {}
