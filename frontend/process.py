@@ -33,6 +33,7 @@ from frontend.replicas import LocalReplica, Replica, least_loaded
 from frontend.request import RequestState
 from frontend.sampling import failover_seed, sampling_of
 from frontend.silence import AwakeClock, Silence
+from frontend.structured import check_constraint
 from frontend.token_bound import check_prompt_text
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizing import TokenizeQueue
@@ -225,6 +226,7 @@ class Frontend(CoreSide, PromptSide):
                                "(--max-inflight-per-client)")
         try:
             check_params(msg, self.info)
+            check_constraint(msg)   # its shape, size and compiling (docs/structured.md)
             fit = msg.max_tokens if msg.max_tokens_must_fit else None
             if isinstance(msg.prompt, str):   # tokenized off the loop, then _on_tokenized
                 check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len, fit)

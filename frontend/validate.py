@@ -38,8 +38,6 @@ def check_params(msg: Generate, info: ModelInfo | None = None) -> None:
     if not msg.prompt:
         raise InvalidField("prompt must not be empty", "prompt")
     check_fields(msg, info.max_model_len if info else None, info.vocab_size if info else None)
-    from frontend.structured import check_constraint   # it imports this module
-    check_constraint(msg)
 
 
 def check_fields(req, max_model_len: int | None = None, vocab_size: int | None = None) -> None:

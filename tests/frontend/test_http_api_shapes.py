@@ -33,8 +33,9 @@ class FakeTokenizer:
 
 class FakeChat:
     tokenizer = FakeTokenizer()
+    tool_format = "hermes"
 
-    def render(self, messages, add_generation_prompt=True):
+    def render(self, messages, add_generation_prompt=True, tools=None):
         return "|".join(m["content"] for m in messages)
 
 

@@ -128,9 +128,11 @@ class Answers:
 
 
 class Template:
+    """ChatTemplate's interface, without a tokenizer: the messages' text joined."""
     tokenizer = None
+    tool_format = "hermes"
 
-    def render(self, messages, add_generation_prompt=True):
+    def render(self, messages, add_generation_prompt=True, tools=None):
         return "".join(m["content"] for m in messages)
 
 
