@@ -61,7 +61,7 @@ def build(source: Path) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     key = hashlib.blake2b(source.read_bytes(), digest_size=8)
-    for part in (cc, *FLAGS, _compiler_version(cc), _cpu_flags()):
+    for part in (cc, *FLAGS, _compiler_version(cc), cpu_flags()):
         key.update(part.encode())
     from worker.presets import cache_root
     out = cache_root().parent / "native" / f"{source.stem}-{key.hexdigest()}.so"
@@ -90,7 +90,7 @@ def _compiler_version(cc: str) -> str:
     return r.stdout.splitlines()[0] if r.stdout else ""
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """-march=native code runs only where these flags hold."""
     try:
         with open("/proc/cpuinfo") as f:

@@ -35,6 +35,7 @@ def _valid(calls) -> None:
         jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
 
 
+@pytest.mark.slow  # ~900-token prompts, 200 constrained tokens on tiny
 def test_required_returns_a_valid_call(oai):
     r = oai.chat.completions.create(tool_choice="required", **ASK)
     choice = r.choices[0]
@@ -45,6 +46,7 @@ def test_required_returns_a_valid_call(oai):
     assert again.choices[0].message.tool_calls[0].function == choice.message.tool_calls[0].function
 
 
+@pytest.mark.slow  # ~900-token prompts, 200 constrained tokens on tiny
 def test_a_named_function(oai):
     r = oai.chat.completions.create(
         tool_choice={"type": "function", "function": {"name": "time"}}, **ASK)
@@ -53,6 +55,7 @@ def test_a_named_function(oai):
     assert calls[0].function.name == "time" and r.choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.slow  # ~900-token prompts, 200 constrained tokens on tiny
 def test_a_stream_accumulated_by_the_sdk_equals_the_whole_reply(oai):
     whole = oai.chat.completions.create(tool_choice="required", **ASK).choices[0]
     stream = getattr(oai.chat.completions, "stream", None) or oai.beta.chat.completions.stream
@@ -65,6 +68,7 @@ def test_a_stream_accumulated_by_the_sdk_equals_the_whole_reply(oai):
         (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
 
 
+@pytest.mark.slow  # ~900-token prompts, 200 constrained tokens on tiny
 def test_a_second_turn_with_the_tool_result(oai):
     first = oai.chat.completions.create(tool_choice="required", **ASK).choices[0].message
     call = first.tool_calls[0]

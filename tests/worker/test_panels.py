@@ -13,7 +13,7 @@ from worker.linear import dispatch, packed, panels
 from tests.worker.test_packed import assert_generates_alike
 from worker.load import make_runner
 
-pytestmark = pytest.mark.skipif(panels.kernel() is None, reason="no C compiler here")
+pytestmark = pytest.mark.skipif(panels.kernel() is None, reason="panel kernel unavailable: no C compiler or no AVX-512")
 
 
 def layer(out: int, k: int, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:

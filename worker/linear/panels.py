@@ -6,12 +6,13 @@ Two things follow. A decode step's few rows read the weights at the machine's ba
 (oneDNN's packed path and MKL run their small-M calls at half of it or less here). And a
 row's result does not depend on the call's other rows, so the batch-invariant mode needs
 no row padding on these layers. Weights whose output count is not a multiple of NR, and
-machines without a C compiler (or TL_PANELS=0), keep oneDNN's packed path (worker/linear/packed.py).
+machines without a C compiler or AVX-512 (or TL_PANELS=0), keep oneDNN's packed path (worker/linear/packed.py).
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -27,10 +28,21 @@ def enabled() -> bool:
     return os.environ.get("TL_PANELS", "1") != "0" and native.enabled()
 
 
+def _vector_width_ok() -> bool:
+    """The kernel's register blocks (12 rows x 32 columns) need AVX-512's 32 wide registers:
+    with AVX2 alone they spill on every k, and a 64-row call ran 12x slower than oneDNN on an
+    AVX2 EPYC. Elsewhere oneDNN keeps the layers."""
+    return "avx512f" in native.cpu_flags().split()
+
+
 @cache
 def kernel():
     """The loaded library, or None with one line on stderr saying why."""
     if not enabled():
+        return None
+    if not _vector_width_ok():
+        print("[worker] panel linear layers need AVX-512 (this CPU has none), using oneDNN",
+              file=sys.stderr, flush=True)
         return None
     lib = native.load(SOURCE, "panel linear layers unavailable, using oneDNN")
     if lib is None:
