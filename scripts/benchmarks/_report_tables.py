@@ -41,7 +41,9 @@ def provenance(doc: dict) -> str:
     tree = UNKNOWN if dirty is None else "dirty" if dirty else "clean"
     load = {k: UNKNOWN if doc.get(k) is None else num(doc[k], ".2f")
             for k in ("load_before", "load_after")}
-    return (f"commit {(commit or UNKNOWN)[:7]} ({tree}), {date or UNKNOWN}, load "
+    cpu = get(doc, "machine", "cpu")
+    where = f", on {cpu} ({get(doc, 'machine', 'cpu_vectors') or UNKNOWN})" if cpu else ""
+    return (f"commit {(commit or UNKNOWN)[:7]} ({tree}), {date or UNKNOWN}{where}, load "
             f"{load['load_before']} before and {load['load_after']} after, "
             f"model {model_text(doc['model']) if 'model' in doc else UNKNOWN}")
 

@@ -265,7 +265,23 @@ def machine() -> dict:
             else os.cpu_count(),
             "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "platform": platform.platform(), "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit()}
+            **cpu(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit()}
+
+
+def cpu() -> dict:
+    """The CPU's model and widest vector extension: figures from an AVX2 machine and an
+    AVX-512 one do not compare (the panel kernel runs only on the latter)."""
+    from worker.native import cpu_flags
+    flags = set(cpu_flags().split())
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    widest = next((v for v in ("amx_tile", "avx512f", "avx2", "avx") if v in flags), "")
+    return {"cpu": model, "cpu_vectors": widest}
 
 
 # ---------------------------------------------------------------- output

@@ -108,3 +108,12 @@ def test_warmup_prompts_are_no_prefix_of_the_workload():
     reqs = [bl.Req(list(range(100 * i, 100 * i + 40)), 8) for i in range(3)]
     for w in cs.warmup(reqs):
         assert not any(r.prompt[:16] == w.prompt[:16] for r in reqs)
+
+
+def test_the_cpu_a_figure_came_from_is_said():
+    """Figures from an AVX2 machine and an AVX-512 one do not compare (the panel kernel runs
+    only on the latter): the line under a table names the CPU where the JSON records it."""
+    doc = {"commit": "a" * 40, "dirty": False, "date": "d", "load_before": 0.5,
+           "load_after": 0.7, "machine": {"cpu": "AMD EPYC", "cpu_vectors": "avx2"}}
+    assert "on AMD EPYC (avx2)" in rt.provenance(doc)
+    assert " on " not in rt.provenance({k: v for k, v in doc.items() if k != "machine"})
