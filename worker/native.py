@@ -1,6 +1,7 @@
 """The C decode-attention kernel (csrc/paged_decode.c): built once per machine with the
-system C compiler, loaded with ctypes. Absent (no compiler, not glibc/Linux, TL_NATIVE=0)
-the worker keeps the torch path, which gives the same results up to fp32 rounding.
+system C compiler, loaded with ctypes (`load` builds the other kernels of csrc/ alike).
+Absent (no compiler, not glibc/Linux, TL_NATIVE=0) the worker keeps the torch path, which
+gives the same results up to fp32 rounding.
 
 The library links libgomp by soname; torch has already loaded its own libgomp.so.1, so
 the kernel's OpenMP threads are torch's pool, not a second one competing for the cores.
@@ -44,38 +45,39 @@ def kernel():
     return lib
 
 
-def load(source: Path, unavailable: str) -> ctypes.CDLL | None:
-    """The library built from `source`, or None with the line `unavailable: why` on stderr
-    (no compiler, a failed build, a library that does not load)."""
+def load(source: Path, unavailable: str, extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The library built from `source` (with `extra` compiler arguments after FLAGS and the
+    source), or None with the line `unavailable: why` on stderr (no compiler, a failed
+    build, a library that does not load)."""
     try:
-        return ctypes.CDLL(str(build(source)))
+        return ctypes.CDLL(str(build(source, extra)))
     except (OSError, subprocess.SubprocessError, RuntimeError) as e:
         print(f"[worker] {unavailable}: {e}", file=sys.stderr, flush=True)
         return None
 
 
-def build(source: Path) -> Path:
-    """The shared library for `source` (a file of csrc/), this compiler and this CPU,
-    compiled if missing."""
+def build(source: Path, extra: tuple[str, ...] = ()) -> Path:
+    """The shared library for `source` (a file of csrc/), these arguments, this compiler
+    and this CPU, compiled if missing."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     key = hashlib.blake2b(source.read_bytes(), digest_size=8)
-    for part in (cc, *FLAGS, _compiler_version(cc), cpu_flags()):
+    for part in (cc, *FLAGS, *extra, _compiler_version(cc), cpu_flags()):
         key.update(part.encode())
     from worker.presets import cache_root
     out = cache_root().parent / "native" / f"{source.stem}-{key.hexdigest()}.so"
     if not out.exists():
-        _compile(cc, source, out)
+        _compile(cc, source, out, extra)
     return out
 
 
-def _compile(cc: str, source: Path, out: Path) -> None:
+def _compile(cc: str, source: Path, out: Path, extra: tuple[str, ...]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(source)], capture_output=True,
+        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(source), *extra], capture_output=True,
                            text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:500]}")

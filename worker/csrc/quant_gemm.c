@@ -1,0 +1,241 @@
+/* Linear layers y = x @ W^T + b (fp32 x and y) on weights kept in GGUF's quantized blocks.
+ *
+ * W [n][k] is stored row by row, each row k / 32 blocks of 32 weights, as ggml lays them:
+ *   Q8_0 (34 bytes): fp16 d, int8 q[32];                 w[j] = d * q[j]
+ *   Q4_0 (18 bytes): fp16 d, uint8 qs[16];               w[j] = d * (nibble(j) - 8)
+ *   Q4_1 (20 bytes): fp16 d, fp16 m, uint8 qs[16];       w[j] = d * nibble(j) + m
+ * where nibble(j) is qs[j] & 15 for j < 16 and qs[j - 16] >> 4 for j >= 16.
+ * Each weight is decoded to the float32 nearest its exact value (d * q is exact in fp32, so
+ * one rounding at most, Q4_1's + m), the very bits of worker/linear/quant.py's dequantize.
+ *
+ * Summation order, the same for every output whatever the call's rows, the tile a row or
+ * column falls in, the thread count and the instruction set (AVX-512, AVX2 or scalar):
+ * sixteen lanes, lane l summing with fused multiply-adds, from 0,
+ *     for each block i:  a[l] = fma(x[32i + l], w[32i + l], a[l]);
+ *                        a[l] = fma(x[32i + 16 + l], w[32i + 16 + l], a[l]);
+ * then halving: h8[l] = a[l] + a[l+8], h4[l] = h8[l] + h8[l+4], h2[l] = h4[l] + h4[l+2],
+ * y = h2[0] + h2[1], then y + b[n]. So a row's result does not depend on the other rows
+ * (the batch-invariant mode's guarantee, docs/design/cpu-paths.md "Quantized weights").
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };     /* ggml's type ids */
+#define QK 32                                /* weights per block */
+
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
+    if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) {                        /* subnormal: normalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 1024));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 1023) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* lanes: the sixteen accumulator lanes; lanes_decode puts a block's weights 0..15 in w0
+ * and 16..31 in w1, lane for lane. */
+#if defined(__AVX512F__)
+#define ISA "avx512"
+#define RT 4                                 /* rows per tile */
+#define NT 4                                 /* columns per tile */
+typedef __m512 lanes;
+static inline lanes lanes_zero(void) { return _mm512_setzero_ps(); }
+static inline lanes lanes_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline lanes lanes_fma(lanes x, lanes w, lanes a) { return _mm512_fmadd_ps(x, w, a); }
+static inline float lanes_sum(lanes a) {
+    __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
+static inline void lanes_decode(int type, const uint8_t *blk, lanes *w0, lanes *w1) {
+    __m512 d = _mm512_set1_ps(half_to_float(blk));
+    if (type == Q8_0) {
+        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                  _mm_loadu_si128((const __m128i *)(blk + 2)))), d);
+        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                  _mm_loadu_si128((const __m128i *)(blk + 18)))), d);
+        return;
+    }
+    const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
+    if (type == Q4_0) {
+        __m512i eight = _mm512_set1_epi32(8);
+        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)), d);
+        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)), d);
+    } else {
+        __m512 m = _mm512_set1_ps(half_to_float(blk + 2));
+        *w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m);   /* d * q exact: one rounding */
+        *w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m);
+    }
+}
+#elif defined(__AVX2__)
+#define ISA "avx2"
+#define RT 2
+#define NT 2
+typedef struct { __m256 a, b; } lanes;       /* lanes 0..7, 8..15 */
+static inline lanes lanes_zero(void) { return (lanes){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline lanes lanes_load(const float *p) {
+    return (lanes){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+}
+static inline lanes lanes_fma(lanes x, lanes w, lanes a) {
+    return (lanes){_mm256_fmadd_ps(x.a, w.a, a.a), _mm256_fmadd_ps(x.b, w.b, a.b)};
+}
+static inline float lanes_sum(lanes a) {
+    __m256 h8 = _mm256_add_ps(a.a, a.b);
+    __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
+static inline __m256 q8x8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline void lanes_decode(int type, const uint8_t *blk, lanes *w0, lanes *w1) {
+    __m256 d = _mm256_set1_ps(half_to_float(blk));
+    if (type == Q8_0) {
+        *w0 = (lanes){_mm256_mul_ps(q8x8(blk + 2), d), _mm256_mul_ps(q8x8(blk + 10), d)};
+        *w1 = (lanes){_mm256_mul_ps(q8x8(blk + 18), d), _mm256_mul_ps(q8x8(blk + 26), d)};
+        return;
+    }
+    __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (type == Q4_1 ? 4 : 2)));
+    __m256i q0 = _mm256_cvtepu8_epi32(bytes), q1 = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
+    __m256i f = _mm256_set1_epi32(15);
+    __m256i n[4] = {_mm256_and_si256(q0, f), _mm256_and_si256(q1, f),
+                    _mm256_srli_epi32(q0, 4), _mm256_srli_epi32(q1, 4)};
+    __m256 w[4];
+    if (type == Q4_0) {
+        __m256i eight = _mm256_set1_epi32(8);
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], eight)), d);
+    } else {
+        __m256 m = _mm256_set1_ps(half_to_float(blk + 2));
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[i]), d, m);
+    }
+    *w0 = (lanes){w[0], w[1]};
+    *w1 = (lanes){w[2], w[3]};
+}
+#else
+#define ISA "scalar"
+#define RT 1
+#define NT 1
+typedef struct { float v[16]; } lanes;
+static inline lanes lanes_zero(void) { return (lanes){{0}}; }
+static inline lanes lanes_load(const float *p) { lanes l; memcpy(l.v, p, sizeof l.v); return l; }
+static inline lanes lanes_fma(lanes x, lanes w, lanes a) {
+    for (int l = 0; l < 16; l++) a.v[l] = fmaf(x.v[l], w.v[l], a.v[l]);
+    return a;
+}
+static inline float lanes_sum(lanes a) {
+    for (int half = 8; half; half /= 2)
+        for (int l = 0; l < half; l++) a.v[l] = a.v[l] + a.v[l + half];
+    return a.v[0];
+}
+static inline void lanes_decode(int type, const uint8_t *blk, lanes *w0, lanes *w1) {
+    float d = half_to_float(blk), m = type == Q4_1 ? half_to_float(blk + 2) : 0.0f;
+    const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
+    for (int j = 0; j < 16; j++) {
+        if (type == Q8_0) {
+            w0->v[j] = d * (float)(int8_t)qs[j];
+            w1->v[j] = d * (float)(int8_t)qs[j + 16];
+        } else if (type == Q4_0) {
+            w0->v[j] = d * (float)((qs[j] & 15) - 8);
+            w1->v[j] = d * (float)((qs[j] >> 4) - 8);
+        } else {
+            w0->v[j] = fmaf((float)(qs[j] & 15), d, m);
+            w1->v[j] = fmaf((float)(qs[j] >> 4), d, m);
+        }
+    }
+}
+#endif
+
+static int block_bytes(int type) {
+    return type == Q8_0 ? 34 : type == Q4_0 ? 18 : type == Q4_1 ? 20 : 0;
+}
+
+const char *tl_quant_isa(void) { return ISA; }
+
+/* R rows of x (stride ldx) by C weight rows (stride ldw bytes) -> y (stride ldy). R and C
+ * are constants where it is inlined, so the R x C accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w, int64_t ldw,
+     int64_t blocks, const float *b, float *y, int64_t ldy) {
+    const int bytes = block_bytes(type);
+    lanes acc[4][4];                         /* R <= RT, C <= NT: the table's sizes */
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = lanes_zero();
+    for (int64_t i = 0; i < blocks; i++) {
+        for (int c = 0; c < C; c++) {
+            lanes w0, w1;
+            lanes_decode(type, w + c * ldw + i * bytes, &w0, &w1);
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + r * ldx + i * QK;
+                acc[r][c] = lanes_fma(lanes_load(xr), w0, acc[r][c]);
+                acc[r][c] = lanes_fma(lanes_load(xr + 16), w1, acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float s = lanes_sum(acc[r][c]);
+            if (b) s += b[c];
+            y[r * ldy + c] = s;
+        }
+}
+
+typedef void (*tile_fn)(const float *, int64_t, const uint8_t *, int64_t, int64_t,
+                        const float *, float *, int64_t);
+#define TILE(T, R, C)                                                                      \
+    static void tile_##T##_##R##_##C(const float *x, int64_t ldx, const uint8_t *w,       \
+                                     int64_t ldw, int64_t blocks, const float *b,         \
+                                     float *y, int64_t ldy) {                             \
+        tile(T, R, C, x, ldx, w, ldw, blocks, b, y, ldy);                                  \
+    }
+#define TILES_C(T, R) TILE(T, R, 1) TILE(T, R, 2) TILE(T, R, 3) TILE(T, R, 4)
+#define TILES(T) TILES_C(T, 1) TILES_C(T, 2) TILES_C(T, 3) TILES_C(T, 4)
+TILES(Q4_0) TILES(Q4_1) TILES(Q8_0)
+#define ROW(T, R) {tile_##T##_##R##_1, tile_##T##_##R##_2, tile_##T##_##R##_3, tile_##T##_##R##_4}
+#define TABLE(T) {ROW(T, 1), ROW(T, 2), ROW(T, 3), ROW(T, 4)}
+static const tile_fn TILES_Q4_0[4][4] = TABLE(Q4_0), TILES_Q4_1[4][4] = TABLE(Q4_1),
+                     TILES_Q8_0[4][4] = TABLE(Q8_0);
+
+/* x [m][k], w [n][k] in `type`'s blocks, b [n] or NULL -> y [m][n]. 0, or -1 for a type
+ * it does not know or k not a multiple of 32. */
+int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, float *y,
+                    int64_t m, int64_t k, int64_t n, int threads) {
+    const tile_fn (*table)[4] = type == Q4_0 ? TILES_Q4_0 : type == Q4_1 ? TILES_Q4_1
+                              : type == Q8_0 ? TILES_Q8_0 : 0;
+    if (!table || k % QK) return -1;
+    const int64_t blocks = k / QK, ldw = blocks * block_bytes(type);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n0 = 0; n0 < n; n0 += NT) {
+        int cols = n - n0 < NT ? (int)(n - n0) : NT;
+        for (int64_t r0 = 0; r0 < m; r0 += RT) {
+            int rows = m - r0 < RT ? (int)(m - r0) : RT;
+            table[rows - 1][cols - 1](x + r0 * k, k, w + n0 * ldw, ldw, blocks,
+                                      b ? b + n0 : 0, y + r0 * n + n0, n);
+        }
+    }
+    return 0;
+}
