@@ -16,6 +16,7 @@ import zmq
 from core.ipc.channel import is_loopback
 from core.ipc.lifeline import die_with_parent, exit_now
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
+from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from frontend.process import Frontend, FrontendConfig
 
 
@@ -37,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
     p.add_argument("--max-inflight-per-client", type=int, default=1024,
                    help="requests one client may have unfinished at once (more get 429)")
+    p.add_argument("--max-compile-ms", type=int, default=DEFAULT_MAX_COMPILE_MS,
+                   help="a constraint whose compile takes longer is refused (400)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -57,15 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.core_in) != len(args.core_out):
         print("frontend: give --core-in and --core-out once per replica each", file=sys.stderr)
         return 2
-    if args.max_frame_bytes < 1 or args.drain_timeout < 0 or args.max_inflight_per_client < 1:
-        print("frontend: --max-frame-bytes and --max-inflight-per-client must be >= 1 and"
-              " --drain-timeout >= 0", file=sys.stderr)
+    if (args.max_frame_bytes < 1 or args.drain_timeout < 0 or args.max_inflight_per_client < 1
+            or args.max_compile_ms < 1):
+        print("frontend: --max-frame-bytes, --max-inflight-per-client and --max-compile-ms"
+              " must be >= 1 and --drain-timeout >= 0", file=sys.stderr)
         return 2
     die_with_parent()   # a frontend whose supervisor is gone must not hold its address
     try:
         fe = Frontend(FrontendConfig(list(zip(args.core_in, args.core_out)), args.address,
                                      args.max_frame_bytes, args.drain_timeout,
-                                     args.max_inflight_per_client, args.replica_address))
+                                     args.max_inflight_per_client, args.replica_address,
+                                     args.max_compile_ms))
     except zmq.ZMQError as e:
         print(f"frontend: cannot open {args.address} or {args.replica_address}: {e}",
               file=sys.stderr)

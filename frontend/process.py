@@ -24,6 +24,7 @@ from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, 
                                AddRequest, Delta, Drain, ErrorReply, Generate, Hello, I32,
                                ModelInfo, Ping, Pong, ProtocolError, Stats)
 from core.ipc.wire import peek_request_id
+from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.core_side import CORE_DIED, CoreSide
 from frontend.prompts import PromptSide
 from frontend.inflight import Inflight
@@ -33,7 +34,7 @@ from frontend.replicas import LocalReplica, Replica, least_loaded
 from frontend.request import RequestState
 from frontend.sampling import failover_seed, sampling_of
 from frontend.silence import AwakeClock, Silence
-from frontend.structured import check_constraint
+from frontend.structured import constraint_of
 from frontend.token_bound import check_prompt_text
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizing import TokenizeQueue
@@ -58,6 +59,7 @@ class FrontendConfig:
     drain_timeout: float = 30.0
     max_inflight_per_client: int = 1024
     replica_address: str | None = None   # where replicas may join (frontend/joins.py)
+    max_compile_ms: int = DEFAULT_MAX_COMPILE_MS   # a constraint's compile bound
 
 
 class Frontend(CoreSide, PromptSide):
@@ -81,6 +83,7 @@ class Frontend(CoreSide, PromptSide):
         self.tokenizer: Tokenizer | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self.inflight = Inflight()
+        self.compiles = CompileCheck(cfg.max_compile_ms)   # the tokenizing thread's only
         self.tokenizing = TokenizeQueue(self._tokenize, self.wakeup.poke)
         self._next_fid = 0      # one counter for every replica: a fid names one request
         self._next_epoch = 1    # Hello's epochs (core/ipc/protocol.py); local replicas start at 0
@@ -226,12 +229,15 @@ class Frontend(CoreSide, PromptSide):
                                "(--max-inflight-per-client)")
         try:
             check_params(msg, self.info)
-            check_constraint(msg)   # its shape, size and compiling (docs/structured.md)
+            # its shape and size here; compiled off the loop (docs/structured.md)
+            constrained = constraint_of(msg.response_format, msg.structured_outputs) is not None
             fit = msg.max_tokens if msg.max_tokens_must_fit else None
             if isinstance(msg.prompt, str):   # tokenized off the loop, then _on_tokenized
                 check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len, fit)
                 return self.tokenizing.submit(ident, msg)
             check_prompt_ids(msg.prompt, self.info, fit)
+            if constrained:
+                return self.tokenizing.submit(ident, msg)
         except InvalidField as e:
             return self._error(ident, msg.request_id, e.code, str(e), e.field)
         self._admit(ident, msg, msg.prompt)

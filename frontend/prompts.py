@@ -1,8 +1,9 @@
-"""The frontend's half that turns a Generate's text prompt into ids off its loop: what the
+"""The frontend's half that prepares a Generate off its loop: its constraint compiled
+(bounded, remembered by key: compile_check.py) and its text prompt turned into ids. What the
 tokenizing thread runs, and what the loop does with its results (frontend/tokenizing.py).
 
-Mixed into Frontend (process.py), whose state it shares: `tokenizer`, `info`, `tokenizing`,
-`router`, `core_dead`, `_admit` and `_error`.
+Mixed into Frontend (process.py), whose state it shares: `tokenizer`, `info`, `compiles`,
+`tokenizing`, `router`, `core_dead`, `_admit` and `_error`.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 
 from core.ipc.protocol import Delta, Generate
 from frontend.core_side import CORE_DIED
+from frontend.structured import check_constraint
 from frontend.tokenizing import Job
 from frontend.validate import InvalidField, check_prompt_ids
 
@@ -18,7 +20,11 @@ log = logging.getLogger("frontend")
 
 class PromptSide:
     def _tokenize(self, msg: Generate) -> list[int]:
-        """On the tokenizing thread: the prompt's ids, checked against the model."""
+        """On the tokenizing thread: the constraint compiled, then the prompt's ids, checked
+        against the model (ids given are checked already, on the loop)."""
+        check_constraint(msg, self.compiles)
+        if not isinstance(msg.prompt, str):
+            return msg.prompt
         ids = self.tokenizer.encode(msg.prompt, msg.add_special_tokens)
         check_prompt_ids(ids, self.info, msg.max_tokens if msg.max_tokens_must_fit else None)
         return ids

@@ -3,7 +3,8 @@
 `structured_outputs`, on HTTP bodies and as Client.generate keywords alike.
 
 Every refusal is an InvalidField naming the field: a wrong shape, both fields at once, a
-constraint over MAX_CONSTRAINT_CHARS, or one the grammar engine cannot compile.
+constraint over MAX_CONSTRAINT_CHARS, or one the grammar engine cannot compile within the
+compile bound (frontend/compile_check.py).
 """
 from __future__ import annotations
 
@@ -35,20 +36,18 @@ def constraint_of(response_format, structured_outputs) -> Constraint | None:
     return c
 
 
-def check_constraint(req) -> Constraint | None:
-    """`req`'s constraint (a Generate, or anything with its two fields), compiled once by the
-    grammar engine without a tokenizer so that what cannot compile is a 400 here."""
+def check_constraint(req, compiles) -> Constraint | None:
+    """`req`'s constraint (a Generate, or anything with its two fields), compiled by
+    `compiles` (a CompileCheck: bounded in time, its verdicts kept by key) so that what
+    cannot compile, or not within the bound, is a 400 here."""
     fmt, so = getattr(req, "response_format", None), getattr(req, "structured_outputs", None)
     c = constraint_of(fmt, so)
     if c is None:
         return None
-    from worker.grammar_text import BadConstraint, check
-    field = "structured_outputs" if so is not None else "response_format"
-    try:
-        check(c)
-    except BadConstraint as e:
-        raise InvalidField(f"{field}: the {c.kind} constraint does not compile: {e}",
-                             field) from None
+    error = compiles.error(c)
+    if error is not None:
+        field = "structured_outputs" if so is not None else "response_format"
+        raise InvalidField(f"{field}: {error}", field)
     return c
 
 

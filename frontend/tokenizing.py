@@ -1,8 +1,9 @@
 """The frontend's tokenizing, off its loop: one thread, one queue per client, clients served
 fairly by the characters they queue.
 
-A text prompt is tokenized (and its ids checked) by the thread; the `tokenizers` library
-lets go of the GIL while it works, so the loop goes on forwarding everyone's tokens. The
+A text prompt is tokenized (and its ids checked) by the thread, and a constraint compiled
+there (prompts.py); the `tokenizers` library and llguidance let go of the GIL while they
+work, so the loop goes on forwarding everyone's tokens. The
 queues are served by start-time fair queuing: a prompt starts (virtually) when its client's
 previous one finishes, or at the start of the prompt in service if that is later, and
 finishes its length in characters later; the earliest start goes next, the earliest

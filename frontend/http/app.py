@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from aiohttp import web
@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.ipc.lifeline import pid_alive
 from frontend.client.common import ClientError
+from frontend.compile_check import CompileCheck
 from frontend.http.pool import ClientPool
 from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
@@ -47,6 +48,7 @@ class Gateway:
     metrics: Metrics
     created: int
     body_timeout: float = BODY_TIMEOUT_S
+    compiles: CompileCheck = field(default_factory=CompileCheck)   # the tools' schemas
 
     def client_for(self, request: web.Request):
         """What carries this user's requests, counted under the cap (see ClientPool)."""
@@ -162,7 +164,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
     # No max_tokens: run to the context limit (the engine ends such a request "length").
-    gen = parse_chat(body, priority, gw.chat, gw.max_model_len, gw.max_model_len)
+    gen = parse_chat(body, priority, gw.chat, gw.max_model_len, gw.max_model_len, gw.compiles)
     return await generate(request, gw.client_for(request), gen,
                           chat_format(gw.model, gen, gw.tokens, gw.chat), gw.metrics)
 

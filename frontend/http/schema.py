@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from core.ipc.protocol import Generate
 from frontend.client.common import make_generate
+from frontend.compile_check import CompileCheck
 from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.chat import ChatTemplate
@@ -24,7 +25,7 @@ from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
 from frontend.http.reply_bound import check_reply
 from frontend.http.tools import ToolAsk, tool_ask
 from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
-from frontend.structured import check_constraint, constraint_of
+from frontend.structured import constraint_of
 from frontend.validate import InvalidField, check_fields
 
 __all__ = ["ApiError", "GenRequest", "parse_chat", "parse_completion", "parse_priority"]
@@ -130,12 +131,15 @@ def _batch(gen: GenRequest, prompts: list) -> GenRequest:
 
 
 def parse_chat(body: dict, priority: int | None, chat: ChatTemplate,
-               default_max_tokens: int, max_model_len: int | None = None) -> GenRequest:
+               default_max_tokens: int, max_model_len: int | None = None,
+               compiles: CompileCheck | None = None) -> GenRequest:
     """`chat` turns the checked messages (and tools) into the prompt text, which holds its
-    own special tokens: add_special_tokens defaults to false."""
+    own special tokens: add_special_tokens defaults to false. `compiles` compiles the tools'
+    schemas and grammar (a fresh CompileCheck where not given)."""
     check_known(body, CHAT)
     ask = chat_ask(body)
-    tools = tool_ask(body)
+    compiles = compiles or CompileCheck()
+    tools = tool_ask(body, compiles)
     max_tokens = _chat_max_tokens(body)
     prompt = chat.render(fields.messages(body.get("messages")),
                          tools=tools.tools if tools else None)
@@ -144,7 +148,7 @@ def parse_chat(body: dict, priority: int | None, chat: ChatTemplate,
                     _chat_logprobs(body), add_special_tokens=False,
                     explicit=max_tokens is not None, prompt_logprobs=ask.engine)
     if tools is not None and tools.constrains:
-        msg = _tool_constraint(msg, tools, chat.tool_format)
+        msg = _tool_constraint(msg, tools, chat.tool_format, compiles)
     newer = body.get("max_completion_tokens") is not None
     gen = _request(body, msg, max_model_len, ask=ask,
                    max_tokens_field="max_completion_tokens" if newer else "max_tokens")
@@ -153,7 +157,8 @@ def parse_chat(body: dict, priority: int | None, chat: ChatTemplate,
                        else "logprobs", max_model_len)
 
 
-def _tool_constraint(msg: Generate, tools: ToolAsk, fmt: str) -> Generate:
+def _tool_constraint(msg: Generate, tools: ToolAsk, fmt: str,
+                     compiles: CompileCheck) -> Generate:
     """`required` or a named function: the reply is constrained to calls, so it cannot be
     constrained otherwise as well."""
     try:
@@ -164,7 +169,8 @@ def _tool_constraint(msg: Generate, tools: ToolAsk, fmt: str) -> Generate:
         raise ApiError(400, f"tool_choice {tools.choice!r} constrains the reply to tool "
                             "calls: give no response_format or structured_outputs with it",
                        "tool_choice")
-    return replace(msg, response_format=None, structured_outputs=tools.structured_outputs(fmt))
+    return replace(msg, response_format=None,
+                   structured_outputs=tools.structured_outputs(fmt, compiles))
 
 
 def _chat_max_tokens(body: dict) -> int | None:
@@ -236,7 +242,8 @@ def _request(body: dict, msg: Generate, max_model_len: int | None,
                      max_tokens_field=max_tokens_field, prompt_ask=ask)
     try:
         check_fields(gen.msg, max_model_len)
-        check_constraint(gen.msg)   # shapes and compiling (docs/structured.md)
+        # its shape and size; the frontend compiles it, off its loop (docs/structured.md)
+        constraint_of(gen.msg.response_format, gen.msg.structured_outputs)
     except InvalidField as e:
         raise ApiError(400, str(e), gen.param(e.field)) from None
     return gen

@@ -26,6 +26,7 @@ from aiohttp import web
 from core.ipc.channel import is_loopback_host
 from core.ipc.lifeline import die_with_parent
 from frontend.client import ClientError
+from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.http.pool import DEFAULT_CAP, ClientPool
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http.chat import ChatTemplate
@@ -55,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-inflight-per-client", type=int, default=DEFAULT_CAP,
                    help="engine requests one user (identity.py) may have unfinished at once "
                         "(more get 429); at most the frontend's own cap")
+    p.add_argument("--max-compile-ms", type=int, default=DEFAULT_MAX_COMPILE_MS,
+                   help="a tool's schema whose compile takes longer is refused (400)")
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
@@ -99,7 +102,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
         if chat.builtin:
             log.warning("the tokenizer has no chat template: using a built-in ChatML one")
         gw = Gateway(client, args.model_name or stats["model"], stats["max_model_len"], chat,
-                     Metrics(), int(time.time()), args.body_timeout)
+                     Metrics(), int(time.time()), args.body_timeout,
+                     CompileCheck(args.max_compile_ms))
         runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None,
                                shutdown_timeout=args.drain_timeout)
         await runner.setup()
@@ -127,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
               file=sys.stderr)
         return 2
-    if args.body_timeout <= 0 or args.max_inflight_per_client < 1:
-        print("http: --body-timeout and --max-inflight-per-client must be > 0", file=sys.stderr)
+    if args.body_timeout <= 0 or args.max_inflight_per_client < 1 or args.max_compile_ms < 1:
+        print("http: --body-timeout, --max-inflight-per-client and --max-compile-ms must be"
+              " > 0", file=sys.stderr)
         return 2
     die_with_parent(signal.SIGTERM)
     try:

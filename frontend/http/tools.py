@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from core.ipc.protocol import Constraint
+from frontend.compile_check import CompileCheck
 from frontend.http.errors import ApiError
 from frontend.structured import MAX_CONSTRAINT_CHARS
 from frontend.tool_grammar import call_grammar, call_schema
@@ -41,7 +42,7 @@ class ToolAsk:
         fns = [t["function"] for t in self.tools]
         return [f for f in fns if f["name"] == self.name] if self.name else fns
 
-    def structured_outputs(self, fmt: str) -> dict | None:
+    def structured_outputs(self, fmt: str, compiles: CompileCheck | None = None) -> dict | None:
         """The engine's constraint for a reply in `fmt` (frontend/tool_parsers.py FORMATS),
         None where nothing is constrained."""
         if not self.constrains:
@@ -50,12 +51,14 @@ class ToolAsk:
         if len(text) > MAX_CONSTRAINT_CHARS:
             raise ApiError(400, f"tools: the calls' grammar is {len(text)} characters; at "
                                 f"most {MAX_CONSTRAINT_CHARS}", "tools")
-        _compiles(Constraint("grammar", text), "tools: the calls' grammar")
+        _compiles(Constraint("grammar", text), "tools: the calls' grammar",
+                  compiles or CompileCheck())
         return {"grammar": text}
 
 
-def tool_ask(body: dict) -> ToolAsk | None:
-    """The body's tool fields checked; None when it offers no tools."""
+def tool_ask(body: dict, compiles: CompileCheck | None = None) -> ToolAsk | None:
+    """The body's tool fields checked, each function's parameters compiled by `compiles`
+    (a fresh CompileCheck where not given); None when it offers no tools."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -65,12 +68,12 @@ def tool_ask(body: dict) -> ToolAsk | None:
             raise ApiError(400, "tool_choice is only allowed when tools are given",
                            "tool_choice")
         return None
-    checked = _tools(tools)
+    checked = _tools(tools, compiles or CompileCheck())
     kind, name = _choice(choice, {t["function"]["name"] for t in checked})
     return ToolAsk(checked, kind, parallel is not False, name)
 
 
-def _tools(tools) -> tuple:
+def _tools(tools, compiles: CompileCheck) -> tuple:
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise ApiError(400, f"tools must be a list of at most {MAX_TOOLS} tools", "tools")
     out, names = [], set()
@@ -81,7 +84,7 @@ def _tools(tools) -> tuple:
             raise ApiError(400, f"{where} must be {{\"type\": \"function\", \"function\": "
                                 "{name, description, parameters}}", "tools")
         f = t["function"]
-        _function(f, where)
+        _function(f, where, compiles)
         if f["name"] in names:
             raise ApiError(400, f"{where}: the name {f['name']!r} is offered twice", "tools")
         names.add(f["name"])
@@ -89,7 +92,7 @@ def _tools(tools) -> tuple:
     return tuple(out)
 
 
-def _function(f: dict, where: str) -> None:
+def _function(f: dict, where: str, compiles: CompileCheck) -> None:
     extra = sorted(set(f) - FUNCTION_KEYS)
     if extra:
         raise ApiError(400, f"{where}.function: unknown key {extra[0][:40]!r}", "tools")
@@ -106,7 +109,8 @@ def _function(f: dict, where: str) -> None:
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise ApiError(400, f"{where}.function.parameters must be a JSON schema of an "
                             "object", "tools")
-    _is_schema(call_schema(f["name"], params), f"{where}.function.parameters")
+    _compiles(Constraint("json", json.dumps(call_schema(f["name"], params))),
+              f"{where}.function.parameters", compiles)
 
 
 def _choice(choice, names: set) -> tuple[str, str | None]:
@@ -125,13 +129,7 @@ def _choice(choice, names: set) -> tuple[str, str | None]:
     return "named", fn["name"]
 
 
-def _is_schema(schema: dict, where: str) -> None:
-    _compiles(Constraint("json", json.dumps(schema)), where)
-
-
-def _compiles(c: Constraint, where: str) -> None:
-    from worker.grammar_text import BadConstraint, check
-    try:
-        check(c)
-    except BadConstraint as e:
-        raise ApiError(400, f"{where} does not compile: {str(e)[:200]}", "tools") from None
+def _compiles(c: Constraint, where: str, compiles: CompileCheck) -> None:
+    error = compiles.error(c)
+    if error is not None:
+        raise ApiError(400, f"{where}: {error[:300]}", "tools")

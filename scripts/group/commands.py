@@ -90,7 +90,8 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
                      "--core-out", cmds[core][cmds[core].index("--frontend-out") + 1]]
     frontend += ["--max-frame-bytes", str(a.max_frame_bytes),
                  "--drain-timeout", str(a.drain_timeout),
-                 "--max-inflight-per-client", str(a.max_inflight_per_client)]
+                 "--max-inflight-per-client", str(a.max_inflight_per_client),
+                 "--max-compile-ms", str(a.max_compile_ms)]
     if a.allow_remote:
         frontend.append("--allow-remote")
     if a.replica_address:
@@ -102,7 +103,8 @@ def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[s
     cmd = [sys.executable, "-m", "frontend.http", "--frontend", frontend_addr,
            "--host", a.http_host, "--port", str(port),
            "--drain-timeout", str(a.drain_timeout),
-           "--max-inflight-per-client", str(a.max_inflight_per_client)]
+           "--max-inflight-per-client", str(a.max_inflight_per_client),
+           "--max-compile-ms", str(a.max_compile_ms)]
     return cmd + (["--allow-remote"] if a.allow_remote else [])
 
 

@@ -32,6 +32,7 @@ from core.ipc.channel import is_loopback
 from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
+from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
 from scripts.group.procs import Children
@@ -78,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
                        help="a client frame past this gets 413")
     front.add_argument("--max-inflight-per-client", type=int, default=1024,
                        help="unfinished requests one client may have (more get 429)")
+    front.add_argument("--max-compile-ms", type=int, default=DEFAULT_MAX_COMPILE_MS,
+                       help="a structured-output constraint (or a tool's schema) whose compile"
+                            " takes longer is refused with 400 (docs/structured.md)")
     http = p.add_argument_group("HTTP (the OpenAI-compatible gateway)")
     http.add_argument("--http-port", type=int, default=None,
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
@@ -124,6 +128,8 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--nnodes over 1 needs --dist-init tcp://HOST:PORT, and --dp 1")
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    if a.max_compile_ms < 1:
+        p.error(f"--max-compile-ms must be at least 1, not {a.max_compile_ms}")
     return a
 
 

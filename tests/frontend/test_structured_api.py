@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Literal
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from frontend.client import ClientError
@@ -19,6 +21,18 @@ from tests.worker.test_structured_worker import CHOICES, REGEX, SCHEMAS
 gateway, oai, engine = test_http.gateway, test_http.oai, test_http.engine  # shared fixtures
 
 MESSAGES = [{"role": "user", "content": "Give me JSON"}]
+
+
+class Pick(pydantic.BaseModel):
+    """Bounded fields only: a random model ends inside max_tokens."""
+    colour: Literal["red", "green", "blue"]
+    count: int = pydantic.Field(ge=0, le=9)
+
+
+class Order(pydantic.BaseModel):
+    """A nested model ($defs and $ref in what the SDK sends) and a bounded array."""
+    pick: Pick
+    tags: list[Literal["a", "b"]] = pydantic.Field(max_length=2)
 
 
 def test_client_keywords(engine):
@@ -76,3 +90,27 @@ def test_bad_constraints_are_400_naming_the_field(oai, engine, param, body):
     with pytest.raises(ClientError) as z:
         engine.generate("x", max_tokens=4, response_format=fmt, **body)
     assert z.value.code == 400 and z.value.param == param
+
+
+@pytest.mark.parametrize("model", [Pick, Order])
+def test_the_sdk_parse_helper(oai, model):
+    """The SDK sends pydantic's schema made strict (additionalProperties false, every property
+    required, titles) with strict true, and parses the reply into the model."""
+    r = oai.beta.chat.completions.parse(model="tiny", messages=MESSAGES, max_tokens=80,
+                                        response_format=model)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop", msg.content
+    assert isinstance(msg.parsed, model)
+    assert msg.parsed == model.model_validate_json(msg.content)
+
+
+def test_the_sdk_parse_helper_with_a_strict_tool(oai):
+    """A pydantic function tool (strict, as the SDK makes it) named by tool_choice: the call's
+    arguments parse into the model."""
+    r = oai.beta.chat.completions.parse(
+        model="tiny", messages=MESSAGES, max_tokens=200,   # the call's markup is ~70 tokens
+        tools=[openai.pydantic_function_tool(Pick)],
+        tool_choice={"type": "function", "function": {"name": "Pick"}})
+    call, = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "Pick"
+    assert isinstance(call.function.parsed_arguments, Pick)

@@ -1,0 +1,72 @@
+"""A constraint's compile check, bounded in time and remembered by key
+(docs/structured.md, "The compile bound").
+
+The check builds llguidance's whole matcher over a vocabulary of bytes (worker/grammar_text.py
+`check`): the parser build a worker does when the constraint first reaches it, in a step.
+llguidance's fuel and the size limit (MAX_CONSTRAINT_CHARS) bound that work, but not its
+time: a schema of a few kilobytes (`allOf` over `anyOf`s) passes every fuel limit and takes
+a second. A compile that took longer than `bound_ms` is refused, so no constraint slower
+than the bound to build reaches a worker's step. llguidance cannot be interrupted and a
+thread cannot be killed: the compile runs to its end (llguidance lets go of the GIL while it
+works), and the refusal comes when it has.
+
+Verdicts are kept by the constraint's key (the `size` most recently used): a repeated
+constraint is not compiled again, a slow one included. Used by one thread at a time.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.ipc.protocol import Constraint
+
+# 1 s: the benchmark's 64 schemas compile in 1-10 ms and the largest ordinary schemas under
+# MAX_CONSTRAINT_CHARS (900 bounded integers, 5,000 enum strings) in 0.02-0.5 s on the 2-core
+# machine; what a worker's step may stall once per new constraint stays under a second.
+DEFAULT_MAX_COMPILE_MS = 1000
+MAX_VERDICTS = 1024
+
+
+@dataclass(frozen=True)
+class Verdict:
+    error: str | None      # None: it compiles within the bound
+    ms: float              # how long its compile took
+
+
+class CompileCheck:
+    def __init__(self, bound_ms: int = DEFAULT_MAX_COMPILE_MS, size: int = MAX_VERDICTS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.bound_ms, self.size, self.clock = bound_ms, size, clock
+        self.compiles = 0      # compiles run (a cached verdict is not one)
+        self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        self._tokenizer = None
+
+    def error(self, c: Constraint) -> str | None:
+        """Why `c` is refused (it does not compile, or not within the bound), or None."""
+        v = self._verdicts.get(c.key)
+        if v is None:
+            v = self._compile(c)
+            self._verdicts[c.key] = v
+            while len(self._verdicts) > self.size:
+                self._verdicts.popitem(last=False)
+        self._verdicts.move_to_end(c.key)
+        return v.error
+
+    def _compile(self, c: Constraint) -> Verdict:
+        from worker.grammar_text import BadConstraint, byte_tokenizer, check
+        if self._tokenizer is None:
+            self._tokenizer = byte_tokenizer()
+        self.compiles += 1
+        start = self.clock()
+        try:
+            check(c, self._tokenizer)
+            error = None
+        except BadConstraint as e:
+            error = f"the {c.kind} constraint does not compile: {e}"
+        ms = (self.clock() - start) * 1000
+        if error is None and ms > self.bound_ms:
+            error = (f"the {c.kind} constraint took {ms:.0f} ms to compile, over the bound of "
+                     f"{self.bound_ms} ms (--max-compile-ms)")
+        return Verdict(error, ms)

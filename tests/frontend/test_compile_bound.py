@@ -1,0 +1,105 @@
+"""The compile bound through a group on `tiny` run with --max-compile-ms 50 (docs/structured.md,
+"The compile bound"): a constraint whose compile takes longer is a 400 naming its field, on
+the engine and through the gateway (a tool's schema too); its verdict is kept, so a repeat is
+answered at once; and while a slow constraint compiles, another request's stream goes on."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import openai
+import pytest
+
+from frontend.client import Client, ClientError
+from tests.frontend import test_http
+from tests.frontend.test_compile_check import all_of_any_of
+
+BOUND_MS = 50
+GROUP_ARGS = ["--max-compile-ms", str(BOUND_MS)]
+SLOW = all_of_any_of(4, 5)        # compiles, in 0.1-0.3 s on the 2-core machine
+SLOWER = all_of_any_of(5, 5)      # fails to build, after about a second
+MESSAGES = [{"role": "user", "content": "Give me JSON"}]
+
+
+def json_format(c) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": json.loads(c.text)}}
+
+
+@pytest.fixture(scope="module")
+def engine(group):
+    with Client(group.address, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def oai(group, tmp_path_factory):
+    proc, url = test_http.start_gateway(group.address, tmp_path_factory.mktemp("http"),
+                                        "--max-compile-ms", str(BOUND_MS))
+    try:
+        with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c:
+            yield c
+    finally:
+        assert test_http.stop_gateway(proc) == 0
+
+
+def refusal(engine, request_id: str, **constraint) -> tuple[ClientError, float]:
+    start = time.monotonic()
+    with pytest.raises(ClientError) as e:
+        engine.generate("x", max_tokens=4, request_id=request_id, **constraint)
+    return e.value, time.monotonic() - start
+
+
+def test_over_the_bound_is_a_400_naming_the_field_and_kept(engine):
+    first, took = refusal(engine, "slow-1", structured_outputs={"json": SLOW.text})
+    assert (first.code, first.param) == (400, "structured_outputs"), first
+    assert f"bound of {BOUND_MS} ms" in first.message
+    again, took_again = refusal(engine, "slow-2", structured_outputs={"json": SLOW.text})
+    assert again.message == first.message   # the kept verdict, with the first compile's time
+    assert took_again < took / 2, (took, took_again)
+    r = engine.generate("y", max_tokens=8, structured_outputs={"regex": "[ab]{3}"})
+    assert r.finish_reason == "stop" and len(r.text) == 3   # the engine serves on
+
+
+def test_a_slow_compile_does_not_hold_other_streams(group, engine):
+    """The compile runs on the tokenizing thread: the loop forwards the stream's deltas."""
+    arrivals: list[float] = []
+    started = threading.Event()
+
+    def stream():
+        with Client(group.address, timeout=60) as c:
+            for d in c.stream("z", max_tokens=1500, ignore_eos=True, temperature=1.0, seed=1):
+                arrivals.append(time.monotonic())
+                started.set()
+                if len(arrivals) > 1 and arrivals[-1] > deadline[0]:
+                    break
+
+    deadline = [float("inf")]
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        assert started.wait(60)
+        sent = time.monotonic()
+        err, took = refusal(engine, "slower", response_format=json_format(SLOWER))
+        answered = sent + took
+        deadline[0] = answered + 0.2
+    finally:
+        t.join(60)
+    assert (err.code, err.param) == (400, "response_format"), err
+    during = [a for a in arrivals if sent <= a <= answered]
+    gaps = [b - a for a, b in zip([sent, *during], [*during, answered])]
+    assert took > 0.3 and len(during) >= 3, (took, len(during))
+    assert max(gaps) < took / 2, (took, max(gaps))
+
+
+def test_the_gateway_names_the_field(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+                                    response_format=json_format(SLOW))
+    assert e.value.param == "response_format" and f"{BOUND_MS} ms" in str(e.value)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": json.loads(SLOW.text)}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+                                    tools=[tool])
+    assert e.value.param == "tools" and f"{BOUND_MS} ms" in str(e.value)
