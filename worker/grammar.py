@@ -10,6 +10,7 @@ new worker), so preemption, restarts, overlap and replay need nothing else.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class Grammars:
         self._executor = None
         self._built: OrderedDict[str, object] = OrderedDict()   # key -> pristine matcher
         self._seqs: dict[int, _Seq] = {}
+        self.spent_s = 0.0         # seconds in mask() so far: builds, syncs, masks (benchmarks)
 
     def mask(self, logits: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
         """`logits` [R, V] with every token the constrained rows' grammars forbid at -inf
@@ -44,6 +46,13 @@ class Grammars:
         any row is constrained, `logits` itself when none is."""
         if not b.grammar:
             return logits
+        t0 = time.perf_counter()
+        try:
+            return self._masked(logits, b)
+        finally:
+            self.spent_s += time.perf_counter() - t0
+
+    def _masked(self, logits: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
         self._learn(b.grammar_specs)
         rows = [j for j, key in enumerate(b.grammar) if key]
         seqs = [int(b.seq_ids[b.sample_rows[j]]) for j in rows]
@@ -60,12 +69,14 @@ class Grammars:
     def _learn(self, specs: list[list[str]]) -> None:
         for key, kind, text in specs:
             if key not in self._built:
-                self._built[key] = self._build(Constraint(kind, text))
+                self._built[key] = self.build(Constraint(kind, text))
             self._built.move_to_end(key)
         while len(self._built) > MAX_GRAMMARS:
             self._built.popitem(last=False)
 
-    def _build(self, c: Constraint):
+    def build(self, c: Constraint):
+        """`c`'s pristine matcher, as this worker builds a new key's (scripts/bench
+        structured times it); each sequence gets a deep_copy of it."""
         import llguidance
 
         from worker.grammar_text import grammar_of

@@ -16,7 +16,16 @@ def _log(msg: str) -> None:
     print(f"[worker] {msg}", file=sys.stderr, flush=True)
 
 
-TIMES_ENV = "TL_WORKER_TIMES"   # a file: one "step ms" line per batch run (benchmarks)
+# A file: one "step ms mask_ms" line per batch run (benchmarks): the worker's time from
+# receiving the batch to its result, and the part of it in the constrained rows' grammars.
+TIMES_ENV = "TL_WORKER_TIMES"
+
+
+def _grammar_s(runner) -> float:
+    """Seconds the runner has spent in its grammars (worker/grammar.py); the null runner
+    has none."""
+    g = getattr(runner, "grammars", None)
+    return g.spent_s if g is not None else 0.0
 
 
 def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
@@ -37,12 +46,14 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
             if isinstance(msg, Shutdown):
                 return
             t0 = time.perf_counter()
+            mask0 = _grammar_s(runner)
             if not fill_ahead(msg, *((last.step, last.tokens) if last else (-1, None))):
                 _log(f"step {msg.step} wants the tokens of step {msg.prev_step}, which this"
                      " worker did not run: a stale batch, run on zeros")
             last = runner.run(msg)
             if times is not None:
-                times.write(f"{msg.step} {(time.perf_counter() - t0) * 1e3:.3f}\n")
+                times.write(f"{msg.step} {(time.perf_counter() - t0) * 1e3:.3f} "
+                            f"{(_grammar_s(runner) - mask0) * 1e3:.3f}\n")
             out.send(last)
     finally:
         if times is not None:

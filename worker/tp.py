@@ -179,6 +179,7 @@ class _Lead:
 
     def __init__(self, runner, control, ranks):
         self.runner, self.control, self.ranks, self.info = runner, control, ranks, runner.info
+        self.grammars = runner.grammars
 
     def run(self, batch: ForwardBatch):
         try:

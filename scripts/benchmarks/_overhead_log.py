@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts.benchmarks import _worker_times as wt
 from scripts.benchmarks import common as bl
 
 WARM_STEPS = 5        # full-batch steps skipped at the start
@@ -47,10 +48,7 @@ def is_full(row, batch: int) -> bool:
 
 def worker_ms(times: Path, rows: list) -> float:
     """The worker's mean time per batch over the steps `rows` (a "step ms" line each)."""
-    by_step = {}
-    for line in times.read_text().splitlines():
-        step, ms = line.split()
-        by_step[int(step)] = float(ms)
+    by_step = {t.step: t.ms for t in wt.read(times)}
     missing = [r.step for r in rows if r.step not in by_step]
     if missing:
         raise RuntimeError(f"the worker's times lack steps {missing[:5]}")

@@ -69,6 +69,8 @@ def kind(doc: dict) -> str | None:
     """Which benchmark wrote `doc` (by its keys: older JSONs lack "benchmark")."""
     if "levels" in doc and "llamacpp" in doc:
         return "compare-llamacpp"
+    if "systems" in doc and "compile" in doc:
+        return "structured"
     if "phases" in doc and "ratios" in doc:
         return "compare"
     for name, key in (("quality", "ppl_engine"), ("overhead", "null_steps"),
@@ -216,6 +218,51 @@ def whatif(doc: dict) -> str:
             + f"\n\nB: `{doc.get('b_flags')}`, predicted from A's log.")
 
 
+STRUCTURED_LABELS = {"constrained": ("each under its schema", "on"),
+                     "unconstrained": ("free", "on"),
+                     "constrained_no_overlap": ("each under its schema", "off"),
+                     "unconstrained_no_overlap": ("free", "off")}
+
+
+def structured(doc: dict) -> str:
+    rows = []
+    for name, (label, overlap) in STRUCTURED_LABELS.items():
+        f = get(doc, "systems", name) or {}
+        share = f.get("mask_share")
+        rows.append((label, overlap, num(f.get("output_tok_s")), _ms_pair(f, "tpot_ms"),
+                     num(get(f, "mask_ms_per_step", "p50"), ".2f"),
+                     num(None if share is None else 100 * share, ".1f") + "%"))
+    return (markdown(("requests", "overlap", "out tok/s", "TPOT p50 / p99 ms",
+                      "grammar ms a step (p50)", "grammar share of the worker's step"), rows)
+            + "\n\n" + _structured_ratios(doc) + "\n\n" + _structured_compile(doc))
+
+
+def _structured_ratios(doc: dict) -> str:
+    r, g, cal = (doc.get(k) or {} for k in ("ratios", "goal", "calibration"))
+    x = lambda k: num(r.get(k), ".2f") + "x"  # noqa: E731
+    goal = ("" if "met" not in g else
+            f" (goal {num(g.get('constrained_over_unconstrained_at_least'), '.1f')}x: "
+            f"{'met' if g['met'] else 'not met'})")
+    return (f"Throughput, constrained / free: {x('constrained_over_unconstrained')} "
+            f"overlapped{goal}, {x('constrained_over_unconstrained_no_overlap')} without. "
+            f"Overlap's gain (on / off): constrained {x('overlap_gain_constrained')}, free "
+            f"{x('overlap_gain_unconstrained')}. The worker's step less its grammars, "
+            f"constrained / free: {x('worker_rest_constrained_over_unconstrained')}. "
+            f"{get(doc, 'workload', 'in_flight')} requests in flight, "
+            f"{get(doc, 'workload', 'rounds')} rounds; calibration: "
+            f"{cal.get('valid_json', '-')} of {cal.get('requests', '-')} outputs valid under "
+            "their schema.")
+
+
+def _structured_compile(doc: dict) -> str:
+    c = doc.get("compile") or {}
+    pair = lambda k: f"{num(get(c, k, 'p50'), '.3f')} / {num(get(c, k, 'p99'), '.3f')}"  # noqa: E731
+    return (f"Compile per schema, p50 / p99 ms: cold {pair('cold_ms')}, cached "
+            f"{pair('cached_ms')}; first mask cold {pair('first_mask_cold_ms')}, cached "
+            f"{pair('first_mask_cached_ms')}; the tokenizer's set-up "
+            f"{num(c.get('tokenizer_setup_ms'), ',.0f')} ms, once per worker.")
+
+
 TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
           "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
-          "whatif": whatif}
+          "whatif": whatif, "structured": structured}

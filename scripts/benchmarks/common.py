@@ -30,6 +30,7 @@ class Req:
     prompt: list[int]
     max_tokens: int
     arrival: float = 0.0          # seconds after the run starts
+    options: dict = field(default_factory=dict)   # this request's own stream() keywords
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -134,6 +135,17 @@ def write_json(path: str, doc: dict) -> None:
 
 # ---------------------------------------------------------------- driving a group
 
+def add_run_options(p) -> None:
+    """--timeout, --json, --allow-dirty and --no-progress: what a benchmark driving a group
+    through AsyncClient takes."""
+    from scripts.benchmarks import _provenance as prov
+    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
+    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
+    prov.add_allow_dirty(p)
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
+
+
 @dataclass
 class Trace:
     """One request as the client saw it (perf_counter seconds)."""
@@ -173,7 +185,8 @@ async def _one(client, req: Req, t0: float, opts: dict, bar: Progress,
 async def _sent(client, req: Req, opts: dict, bar: Progress) -> Trace:
     tr = Trace(time.perf_counter())
     try:
-        async for d in client.stream(req.prompt, max_tokens=req.max_tokens, **opts):
+        async for d in client.stream(req.prompt, max_tokens=req.max_tokens,
+                                     **{**opts, **req.options}):
             if d.token_ids:
                 tr.deltas.append((time.perf_counter(), len(d.token_ids)))
                 tr.tokens.extend(d.token_ids)

@@ -36,11 +36,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
                    help="cap each request's output (a smoke run); default: the workload's")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="also profile STEPS in-process steps in each mode")
-    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
-    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
-    prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar on stderr")
+    bl.add_run_options(p)
     return p.parse_known_args(argv)
 
 

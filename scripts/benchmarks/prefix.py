@@ -45,11 +45,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--turns", type=int, default=4, help="turns of each conversation")
     p.add_argument("--mixed", type=int, default=32, help="requests of the no-sharing workload")
     p.add_argument("--seed", type=int, default=0, help="the workload's random seed")
-    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
-    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
-    prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar on stderr")
+    bl.add_run_options(p)
     return p.parse_known_args(argv)
 
 

@@ -108,10 +108,18 @@ def _invariant_rows(doc: dict) -> list[tuple]:
              _ratio(rt.get(doc, "cost", "throughput on/off")))]
 
 
+def _structured_rows(doc: dict) -> list[tuple]:
+    c, u = (rt.get(doc, "systems", s, "output_tok_s") for s in ("constrained", "unconstrained"))
+    n = rt.get(doc, "workload", "in_flight")
+    return [(f"out tok/s, {n} in flight: each under its JSON schema / free", rt.num(c),
+             rt.num(u), _ratio(rt.get(doc, "ratios", "constrained_over_unconstrained")))]
+
+
 HEADLINE = (("compare-llamacpp.json", _llamacpp_rows), ("compare-smol.json", _transformers_rows),
             ("quality.json", _quality_rows), ("overhead.json", _overhead_rows),
             ("prefix-smol.json", _prefix_rows), ("scale-dp-smol.json", _scale_rows),
-            ("invariant-smol.json", _invariant_rows))
+            ("invariant-smol.json", _invariant_rows),
+            ("structured-smollm2.json", _structured_rows))
 
 
 def headline(docs: dict[str, dict]) -> str:

@@ -39,11 +39,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
                    help="the model to serve (tiny | smol | null | smollm2 | PATH)")
     p.add_argument("--requests", type=int, default=32, help="of the mixed workload")
     p.add_argument("--settings", default=",".join(SETTINGS), help="which, comma-separated")
-    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
-    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
-    prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar on stderr")
+    bl.add_run_options(p)
     return p.parse_known_args(argv)
 
 

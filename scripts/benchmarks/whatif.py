@@ -54,12 +54,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke run: {', '.join(f'{k} {v}' for k, v in QUICK.items())}")
     p.add_argument("--seed", type=int, default=0, help="the workload's random seed")
-    p.add_argument("--timeout", type=float, default=1800, help="client timeout, seconds")
     p.add_argument("--keep", metavar="DIR", help="keep A's and B's step logs here")
-    p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
-    prov.add_allow_dirty(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar on stderr")
+    bl.add_run_options(p)
     a, serve_args = p.parse_known_args(argv)
     if a.quick:
         for k, v in QUICK.items():

@@ -16,6 +16,7 @@ from core.ipc.channel import Channel, Router
 from core.ipc.protocol import (Delta, ErrorReply, Generate, Shutdown, StatsReply, StepResult,
                                WorkerReady)
 from scripts import ROOT
+from scripts.benchmarks import _worker_times as wt
 from scripts.benchmarks._overhead_log import worker_ms
 from scripts.benchmarks.overhead import sink
 from worker.handmade import Part, make_batch
@@ -46,8 +47,20 @@ def test_the_worker_writes_one_line_per_batch(tmp_path, monkeypatch):
         to_core.close()
         from_core.close()
         ctx.term()
-    lines = [line.split() for line in times.read_text().splitlines()]
-    assert [int(s) for s, _ in lines] == [3, 4, 5] and all(float(ms) >= 0 for _, ms in lines)
+    lines = wt.read(times)
+    assert [t.step for t in lines] == [3, 4, 5] and all(t.ms >= 0 for t in lines)
+    assert all(len(line.split()) == 3 for line in times.read_text().splitlines())
+    assert all(t.mask_ms == 0 for t in lines)   # the null runner has no grammars
+
+
+def test_worker_times_read_a_stretch_and_older_lines_without_the_mask(tmp_path):
+    times = tmp_path / "times.txt"
+    assert wt.count(times) == 0
+    times.write_text("1 10.0\n2 20.0 1.5\n3 40.0 2.5\n")
+    assert wt.count(times) == 3
+    assert wt.read(times) == [wt.StepTime(1, 10.0, 0.0), wt.StepTime(2, 20.0, 1.5),
+                              wt.StepTime(3, 40.0, 2.5)]
+    assert [t.step for t in wt.read(times, skip=2)] == [3]
 
 
 def test_worker_ms_averages_the_measured_steps_and_needs_them_all(tmp_path):

@@ -129,6 +129,23 @@ def test_the_mask_only_sets_forbidden_tokens_to_minus_inf(runner):
     assert allowed == {ord(ch) for ch in "abc"}   # the tiny tokenizer: ids 0..255 are bytes
 
 
+def test_the_grammars_count_their_time_on_constrained_batches_only(runner):
+    """spent_s is what the worker reports as a step's mask time (scripts/bench structured)."""
+    from core.batch import layout
+    c = Constraint("regex", REGEX)
+    g = Grammars(runner.info.tokenizer, runner.info.vocab_size, runner.info.eos_ids)
+    logits = torch.zeros(1, runner.info.vocab_size)
+    free = layout(0, 16, [0], [[5, 6]], [[0]], 1, [], [0], [SamplingParams()], [0])
+    g.mask(logits, free)
+    assert g.spent_s == 0.0
+    b = layout(0, 16, [0], [[5, 6]], [[0]], 1, [], [0], [SamplingParams(constraint=c)], [0])
+    b.grammar_specs = [[c.key, c.kind, c.text]]
+    g.mask(logits, b)
+    first = g.spent_s
+    g.mask(logits, b)
+    assert 0 < first < g.spent_s
+
+
 def test_a_matcher_out_of_step_is_rebuilt_from_the_batch(runner):
     """The batch is the truth: tokens that disagree with the kept matcher rebuild it."""
     from core.batch import layout
