@@ -9,6 +9,7 @@ from __future__ import annotations
 from itertools import chain, islice, repeat
 from typing import Mapping, Sequence
 
+from core.first_samples import FirstSamples
 from core.ipc.protocol import F64, I32, I64, ForwardBatch, SamplingParams
 from core.table_growth import KeptTables
 
@@ -27,13 +28,16 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
            tables: Sequence[Sequence[int]], num_decode: int, spans: Sequence[tuple[int, int]],
            rows: Sequence[int], params: Sequence[SamplingParams],
            gen_index: Sequence[int], banned: Sequence[Sequence[int]] = (),
-           kept: KeptTables | None = None) -> ForwardBatch:
+           kept: KeptTables | None = None,
+           first: Sequence[bool] | None = None) -> ForwardBatch:
     """Sequence i has tokens[i] and block table tables[i]. The first num_decode query one
     token, their last (position len - 1); each later one queries positions [start, end) of
     spans[i - num_decode] and has `end` tokens in cache afterwards. Sample row j is
     sequence rows[j], sampled with params[j] as generated token number gen_index[j], never
     drawing a token of banned[j] (empty: no bans). Tables are padded with 0 to the widest,
-    through `kept` when given (a scheduler's live tables: core/table_growth.py)."""
+    through `kept` when given (a scheduler's live tables: core/table_growth.py). first[j]:
+    row j is its request's first sample since (re)admission (core/first_samples.py; default:
+    the rows of prefill chunks)."""
     dec = tokens[:num_decode]
     ctx = [len(t) for t in dec]
     ids = [t[-1] for t in dec]
@@ -68,7 +72,8 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         history = [tokens[r][:ends[r]] for r in rows]
         _processors(batch, history, params, gen_index, banned)
         if constrained:
-            _grammars(batch, history, params, gen_index, [r >= num_decode for r in rows])
+            _grammars(batch, history, params, gen_index,
+                      [r >= num_decode for r in rows] if first is None else first)
     return batch
 
 
@@ -128,13 +133,15 @@ def _offsets(lists: Sequence[Sequence[int]]) -> list[int]:
 
 def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
                 stop_ids: Mapping[int, Sequence[int]] | None = None,
-                kept: KeptTables | None = None) -> ForwardBatch:
+                kept: KeptTables | None = None,
+                firsts: FirstSamples | None = None) -> ForwardBatch:
     """Decodes first (one query token at position n-1), then prefill chunks in order.
 
     A decode and a chunk with `last` sample; the sampled token is the request's k-th
     generated token, k = len(tokens) - prompt_len (what stateless seeding keys on).
     stop_ids[id]: the tokens that would end request id (EOS, stop_token_ids), banned
-    while it has fewer than its min_tokens generated tokens.
+    while it has fewer than its min_tokens generated tokens. `firsts`: the engine's record of
+    which rows are first samples (without it, a decode never is).
     """
     n_dec = len(out.decode)
     seq_ids = [*out.decode, *(ch.id for ch in out.prefill)]
@@ -149,9 +156,10 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
     if stop_ids is not None and any(p.min_tokens for p in params):
         banned = [stop_ids.get(i, ()) if g < p.min_tokens else ()
                   for i, p, g in zip(sample_ids, params, gen)]
+    first = firsts.of(out, tokens) if firsts is not None else None
     return layout(step, sched.blocks.block_tokens(), seq_ids, toks, [table(r) for r in seq_ids],
                   n_dec, [(ch.start, ch.start + ch.length) for ch in out.prefill], rows,
-                  params, gen, banned, kept)
+                  params, gen, banned, kept, first)
 
 
 def sampled_ids(out) -> list[int]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import msgpack
 
 from core.batch import build_batch, sampled_ids
+from core.first_samples import FirstSamples
 from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.logrecords import FORMAT, PromptLogprobsRecord, StepRecord
 from core.prompt_logprobs import PromptLogprobs
@@ -141,6 +142,7 @@ class Engine:
         # seq_id -> its live entry's sampling / stop_ids: plain dicts, read per row per step
         self._sampling: dict[int, SamplingParams] = {}
         self._tables = KeptTables()
+        self._firsts = FirstSamples()
         self._stop_ids: dict[int, frozenset[int]] = {}
         self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
         self.extras: Extras | None = None               # the last committed step's logprobs
@@ -231,7 +233,7 @@ class Engine:
         if not build:
             return None
         batch = build_batch(step, out, self.sched, self._sampling, self._stop_ids,
-                            self._tables)
+                            self._tables, self._firsts)
         if self._spans:
             self.prompt_lp.fill(batch, self._spans, self.sched.tokens)
         return batch

@@ -193,3 +193,12 @@ def test_a_constrained_run_with_preemption_replays_with_the_model(runner, tmp_pa
     assert eng.sched.stats().preemptions > 0
     assert replay_main(["verify", "--with-model", str(path)]) == 0
     assert replay_main(["request", str(path), str(ids[-1]), "--rerun"]) == 0
+
+
+def test_a_prompt_one_token_past_a_chunk_is_masked(runner, tok):
+    """65 tokens in chunks of 64: the last prompt token is queried as a decode, and that row
+    brings the spec (core/first_samples.py); the worker once lacked the grammar there."""
+    got, _ = run(runner, [([(7 * k) % 200 + 10 for k in range(65)], 20,
+                           constrained("regex", REGEX))])
+    (ids, reason), = got
+    assert reason == "stop" and re.fullmatch(REGEX, text_of(tok, ids, runner.info.eos_ids))
