@@ -1,5 +1,6 @@
 """Which sample rows of a step are their request's first since it was admitted or recomputed:
-the rows whose batch brings the request's constraint spec (docs/structured.md, "In the batch").
+the rows whose batch brings the request's constraint spec (docs/structured.md, "A
+constraint's path").
 
 A prefill's last chunk is one. So is a decode that follows a prefill chunk ending one token
 short of the sequence's end: the scheduler queries a request one token from computed as a

@@ -77,6 +77,7 @@ def test_the_chat_template_renders_as_transformers_does(checkpoint, reference_to
         assert tok.encode(text, add_special_tokens=False) == list(want)
 
 
+@pytest.mark.slow  # 16 chat prompts through transformers generate: ~45 s on 2 cores
 def test_greedy_tokens_equal_transformers_generate(runner, stock, reference_tokenizer):
     prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS]
     ours, _ = run_engine(runner, [(p, NEW_TOKENS, GREEDY) for p in prompts], max_chunk=64)
