@@ -24,6 +24,7 @@ class AsyncClient(RequestStream):
         self.address, self.timeout = address, timeout
         self._ctx = zmq.asyncio.Context()
         self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS)
+        self._monitor_now = zmq.Socket.shadow(self._monitor.underlying)  # polls without a loop
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats_waiters: deque[asyncio.Future] = deque()
         self._reader: asyncio.Task | None = None
@@ -100,6 +101,7 @@ class AsyncClient(RequestStream):
         request_id = msg.request_id
         if request_id in self._queues:
             raise duplicate_error(request_id)
+        await self._take_disconnects()
         queue = self._queues[request_id] = asyncio.Queue()
         done = False
         try:
@@ -137,19 +139,43 @@ class AsyncClient(RequestStream):
             self._watcher = loop.create_task(self._watch_loop())
 
     async def _watch_loop(self) -> None:
-        """Each disconnect fails every request in flight with 503 (see open_dealer), once
-        the replies that arrived before it are dispatched: a final reply the frontend sent
-        just before it died is the request's answer, not a loss."""
+        """Each disconnect fails every request in flight with 503 (see open_dealer). It
+        polls and does not receive: whoever takes an event from the monitor handles it in
+        the same breath (_take_disconnects), so no event can sit taken but unhandled."""
         while True:
-            await self._monitor.recv_multipart()
-            await asyncio.sleep(0)   # the reader takes a reply it has already received
-            while True:
-                try:
-                    frames = await self._sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._dispatch(decode_reply(frames))
-            self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
+            await self._monitor.poll()
+            await self._take_disconnects()
+
+    async def _take_disconnects(self) -> None:
+        """Handle every disconnect zmq has reported so far. Called before a new request is
+        registered too: a Generate sent after a disconnect waits in zmq for the reconnect
+        and reaches the next frontend, so that disconnect's 503s must not take it (the
+        watcher alone may run late on a busy loop)."""
+        if not self._monitor_now.poll(0):
+            return
+        await asyncio.sleep(0)   # the reader takes a reply it has already received
+        while self._pending_event():
+            self._disconnected()
+
+    def _pending_event(self) -> bool:
+        try:
+            self._monitor_now.recv_multipart(zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _disconnected(self) -> None:
+        """Fail what is in flight with 503 once the replies that arrived before the
+        disconnect are dispatched: a final reply the frontend sent just before it died is
+        the request's answer, not a loss."""
+        while True:
+            try:
+                # a non-blocking receive on a zmq.asyncio socket completes at once
+                frames = self._sock.recv_multipart(zmq.NOBLOCK).result()
+            except zmq.Again:
+                break
+            self._dispatch(decode_reply(frames))
+        self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
 
     def _fail_all(self, err: ErrorReply) -> None:
         for request_id, q in self._queues.items():

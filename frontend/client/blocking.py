@@ -84,6 +84,10 @@ class Client(RequestStream):
     def _start(self, msg: Generate) -> None:
         if msg.request_id in self._buffers:
             raise duplicate_error(msg.request_id)
+        if self._disconnected():
+            # a disconnect seen before this request is registered fails those sent before
+            # it only: this one waits in zmq for the reconnect
+            self._lost()
         self._buffers[msg.request_id] = deque()
         try:
             self._send(msg)
@@ -118,13 +122,22 @@ class Client(RequestStream):
         if not ready:
             raise timeout_error(self.timeout)
         if self._monitor in ready and self._disconnected():
-            self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
+            self._lost()
+        self._take_replies()
+
+    def _take_replies(self) -> None:
         while True:
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             self._dispatch(decode_reply(frames))
+
+    def _lost(self) -> None:
+        """The replies that arrived before a disconnect first: a final reply the frontend
+        sent just before it died is the request's answer, not a loss."""
+        self._take_replies()
+        self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
 
     def _dispatch(self, reply) -> None:
         if isinstance(reply, (Delta, ErrorReply)) and reply.request_id in self._buffers:
@@ -153,7 +166,4 @@ class Client(RequestStream):
     def _send(self, msg) -> None:
         if self._closed:
             raise ClientError(503, "the client is closed")
-        if isinstance(msg, Generate):
-            # a disconnect seen before this request was sent is not its concern
-            self._disconnected()
         self._sock.send(encode(msg))

@@ -68,6 +68,7 @@ async def zmq_one(c: AsyncClient, r: dict):
     try:
         return await one(c, r)
     except ClientError as e:
+        r["error"] = e.message   # named in a lost request's bad_examples entry
         return ("timeout" if "no reply" in e.message else e.code), []
 
 
@@ -181,7 +182,7 @@ def judge(reqs, results, finals, ref, model) -> dict:
     for r, (reason, toks) in zip(reqs, results):
         out["http" if r["http"] else "zmq"] += 1
         if reason in ("timeout", None) or (not r["http"] and finals[r["id"]] != 1):
-            bad.append(("lost", r["id"], reason, finals[r["id"]]))
+            bad.append(("lost", r["id"], reason, finals[r["id"]], r.get("error")))
             continue
         out[f"end_{reason}"] += 1
         want = ref.get(r["id"])
