@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from worker.linear.quant import TYPES, QuantWeight
-from worker.linear.quant_module import QuantLinear
+from worker.linear.quant_module import QuantLinear, put
 
 # GGUF's per-block tensor names -> the module under model.layers.{i} (llama's layout, which
 # the architectures below share)
@@ -59,13 +59,13 @@ def load_quantized(model: nn.Module, path: str | Path, architecture: str) -> dic
     cfg = model.config
     heads = {"attn_q": cfg.num_attention_heads,
              "attn_k": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
-    done, floats = {}, set()
+    done, unread = {}, set()
     for t in reader.tensors:
         name, qtype = module_name(t.name), TYPES.get(t.tensor_type.name)
         if name is None:
             continue
         if qtype is None:
-            floats.add(t.tensor_type.name)
+            unread.add(t.tensor_type.name)
             continue
         rows = np.asarray(t.data)
         kind = t.name.split(".")[2]
@@ -74,8 +74,9 @@ def load_quantized(model: nn.Module, path: str | Path, architecture: str) -> dic
         _replace(model, name, QuantWeight(torch.from_numpy(np.array(rows, copy=True)), qtype,
                                           (rows.shape[0], int(t.shape[0]))))
         done[name] = qtype.name
-    if floats - {"F32", "F16", "BF16"}:
-        print(f"{Path(path).name}: tensors of {', '.join(sorted(floats))} are served as float32 "
+    unread -= {"F32", "F16", "BF16"}
+    if unread:
+        print(f"{Path(path).name}: tensors of {', '.join(sorted(unread))} are served as float32 "
               "weights (no kernel for them): about 4-8x the bytes per token of their blocks",
               file=sys.stderr, flush=True)
     return done
@@ -86,5 +87,4 @@ def _replace(model: nn.Module, name: str, weight: QuantWeight) -> None:
     if tuple(old.weight.shape) != weight.shape:
         raise ValueError(f"{name}: the GGUF tensor is {list(weight.shape)}, the model's weight "
                          f"{list(old.weight.shape)}")
-    parent, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(parent), leaf, QuantLinear(weight, old.bias))
+    put(model, name, QuantLinear(weight, old.bias))

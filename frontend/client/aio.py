@@ -16,7 +16,7 @@ from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsRe
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
                                     Result, as_error, close_dealer, decode_reply,
                                     duplicate_error, ends, generate_of, open_dealer, settle,
-                                    timeout_error)
+                                    take_disconnects, timeout_error)
 
 
 class AsyncClient(RequestStream):
@@ -154,17 +154,10 @@ class AsyncClient(RequestStream):
         if not self._monitor_now.poll(0):
             return
         await asyncio.sleep(0)   # the reader takes a reply it has already received
-        while self._pending_event():
-            self._disconnected()
+        if take_disconnects(self._monitor_now):
+            self._lost()
 
-    def _pending_event(self) -> bool:
-        try:
-            self._monitor_now.recv_multipart(zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-
-    def _disconnected(self) -> None:
+    def _lost(self) -> None:
         """Fail what is in flight with 503 once the replies that arrived before the
         disconnect are dispatched: a final reply the frontend sent just before it died is
         the request's answer, not a loss."""

@@ -16,7 +16,7 @@ from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsRe
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
                                     Result, as_error, close_dealer, decode_reply,
                                     duplicate_error, ends, generate_of, open_dealer, settle,
-                                    timeout_error)
+                                    take_disconnects, timeout_error)
 
 
 class Client(RequestStream):
@@ -84,7 +84,7 @@ class Client(RequestStream):
     def _start(self, msg: Generate) -> None:
         if msg.request_id in self._buffers:
             raise duplicate_error(msg.request_id)
-        if self._disconnected():
+        if take_disconnects(self._monitor):
             # a disconnect seen before this request is registered fails those sent before
             # it only: this one waits in zmq for the reconnect
             self._lost()
@@ -121,7 +121,7 @@ class Client(RequestStream):
         ready = dict(self._poller.poll(int(left * 1000) + 1)) if left > 0 else {}
         if not ready:
             raise timeout_error(self.timeout)
-        if self._monitor in ready and self._disconnected():
+        if self._monitor in ready and take_disconnects(self._monitor):
             self._lost()
         self._take_replies()
 
@@ -146,16 +146,6 @@ class Client(RequestStream):
                                                 and reply.request_id is None):
             self._stats.append(reply)
         # anything else: heartbeats, replies to abandoned requests
-
-    def _disconnected(self) -> bool:
-        """Consume the monitor's events; True if any came (each is a disconnect)."""
-        seen = False
-        while True:
-            try:
-                self._monitor.recv_multipart(zmq.NOBLOCK)
-                seen = True
-            except zmq.Again:
-                return seen
 
     def _fail_all(self, err: ErrorReply) -> None:
         for request_id, queue in self._buffers.items():

@@ -150,6 +150,19 @@ def open_dealer(ctx, address: str, linger_ms: int):
     return sock, monitor
 
 
+def take_disconnects(monitor) -> bool:
+    """Take every event a (plain, not asyncio) monitor socket holds; True if any came (each
+    is a disconnect)."""
+    import zmq
+    seen = False
+    while True:
+        try:
+            monitor.recv_multipart(zmq.NOBLOCK)
+            seen = True
+        except zmq.Again:
+            return seen
+
+
 def close_dealer(sock, monitor) -> None:
     sock.disable_monitor()
     monitor.close(0)

@@ -52,8 +52,12 @@ def quantize_linears(model: nn.Module, qtype: QuantType,
     for name, mod in list(model.named_modules()):
         if not quantizable(mod) or name.endswith(skip):
             continue
-        parent, _, leaf = name.rpartition(".")
-        q = QuantLinear(quantize(mod.weight.data, qtype), mod.bias)
-        setattr(model.get_submodule(parent) if parent else model, leaf, q)
+        put(model, name, QuantLinear(quantize(mod.weight.data, qtype), mod.bias))
         done.append(name)
     return done
+
+
+def put(model: nn.Module, name: str, layer: nn.Module) -> None:
+    """Set the submodule `name` ("model.layers.0.mlp.up_proj") of `model` to `layer`."""
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, layer)
