@@ -5,7 +5,9 @@ Bit-exact replay needs the same kernels: a log made on CUDA is re-run on CUDA. A
 device or dtype may be asked for explicitly (--device/--dtype); tokens may then differ
 where the top two logits are close, and the verdict says where.
 
-A log made in the batch-invariant mode (model_info.batch_invariant) is re-run in it.
+A log made in the batch-invariant mode (model_info.batch_invariant) is re-run in it, and a
+log made on quantized weights on the same quantized weights (model_info.quantization,
+worker/quantized.py).
 
 A log made with a tensor-parallel worker (meta's model_info.tp > 1) is re-run in one
 process: its logits differ from the TP run's by the all-reduces' rounding (~1e-4 in
@@ -19,6 +21,7 @@ class ModelUnavailable(Exception):
 
 
 def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
+    from worker import quantized
     from worker.load import DTYPES, make_runner
     info = meta["model_info"]
     device = device or info.get("device", "cpu")
@@ -31,7 +34,8 @@ def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
         runner = make_runner(meta["model"], device=device, dtype=dtype,
                              num_blocks=meta["num_blocks"], block_size=meta["block_size"],
                              max_model_len=info["max_model_len"],
-                             batch_invariant=info.get("batch_invariant", False))
+                             batch_invariant=info.get("batch_invariant", False),
+                             **quantized.settings(info))
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelUnavailable(f"cannot load the log's model {meta['model']!r}: {e}") from None
     _check_same_file(info.get("checkpoint") or {}, runner.info.checkpoint)

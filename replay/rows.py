@@ -28,7 +28,17 @@ META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config
 # model_info's other keys (older logs lack some): how each is read
 MODEL_INFO = {"dtype": text, "device": text, "tokenizer": text, "model": text,
               "tp": lambda v, w: integer(v, w, 1), "batch_invariant": boolean,
-              "num_blocks": integer, "block_size": integer}
+              "num_blocks": integer, "block_size": integer,
+              "quantization": lambda v, w: _quantization(v, w)}
+QUANT_MODES = {"gguf", "q8_0", "q4_0", "none"}   # worker/quantized.py
+
+
+def _quantization(v, where: str) -> dict:
+    q = mapping(v, where)   # {} from a worker with no weights (the null model)
+    optional(lambda m, w: one_of(m, w, QUANT_MODES), q.get("mode"), f"{where} mode")
+    for name, qtype in mapping(q.get("layers", {}), f"{where} layers").items():
+        text(qtype, f"{where} layers {name}")
+    return q
 
 
 def check_meta(meta: dict) -> Bounds:

@@ -5,6 +5,7 @@ import sys
 import zmq
 
 from core.ipc.lifeline import die_with_parent, exit_now, sigterm_as_interrupt
+from worker.bf16 import dtype_name
 
 
 def main(argv=None) -> int:
@@ -13,7 +14,8 @@ def main(argv=None) -> int:
     p.add_argument("--from-core", help="the core's PUSH endpoint for batches (rank 0)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   type=dtype_name, help="bf16 is bfloat16 (worker/bf16.py)")
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--kv-memory", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
@@ -22,6 +24,10 @@ def main(argv=None) -> int:
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                    help="a request's logits do not depend on its batch (worker/invariant.py);"
                         " default: on where the model allows it")
+    p.add_argument("--quantize", choices=["q8_0", "q4_0"], default=None,
+                   help="quantize a float checkpoint's linear layers at load (worker/quantized.py)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="serve a quantized GGUF as float weights of --dtype")
     p.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
     p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
                    help="torch.distributed's rendezvous (rank 0 hosts it; default: a free"
@@ -37,7 +43,8 @@ def main(argv=None) -> int:
     from worker.settings import LOAD_ERRORS, problem, refuse  # torch loads after the lifeline
     if why := problem(a.model, tp=a.tp, dtype=a.dtype, block_size=a.block_size,
                       num_blocks=a.num_blocks, kv_memory=a.kv_memory,
-                      max_model_len=a.max_model_len):
+                      max_model_len=a.max_model_len, quantize=a.quantize,
+                      dequantize=a.dequantize, device=a.device):
         return refuse(why)
     if a.tp != 1:
         from worker import tp
@@ -48,7 +55,8 @@ def main(argv=None) -> int:
     try:
         runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
                              kv_memory=a.kv_memory, block_size=a.block_size,
-                             max_model_len=a.max_model_len, batch_invariant=a.batch_invariant)
+                             max_model_len=a.max_model_len, batch_invariant=a.batch_invariant,
+                             quantize=a.quantize, dequantize=a.dequantize)
     except (*LOAD_ERRORS, RegistryUnavailable) as e:   # settings or a model it cannot serve
         return refuse(str(e))
     ctx = zmq.Context()

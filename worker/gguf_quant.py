@@ -2,12 +2,14 @@
 
 The converted checkpoint (worker/gguf_convert.py) holds every weight dequantized; this
 puts, in place of each linear layer whose GGUF tensor is a type the kernel multiplies by
-(Q8_0, Q4_0, Q4_1), a QuantLinear on that tensor's bytes. The llama.cpp converter permutes
-the rows of Q and K for its rotary layout; a row is whole blocks, so the rows are put back
-in transformers' order as bytes. Nothing is rounded again: each layer's `dense()` equals
-the converted checkpoint's weight bit for bit (tests/worker/test_gguf_quant.py).
-
-Not wired into serving yet: the worker's load path does not call it.
+(Q8_0, Q4_0, Q4_1), a QuantLinear on that tensor's bytes, and in place of the token
+embedding (and the output head that shares it, or the file's own output tensor) a
+QuantEmbedding (a QuantLinear) on theirs. The llama.cpp converter permutes the rows of Q
+and K for its rotary layout; a row is whole blocks, so the rows are put back in
+transformers' order as bytes. Nothing is rounded again: each layer's `dense()` equals the
+converted checkpoint's weight bit for bit (tests/worker/test_gguf_quant.py). Tensors of
+the types the kernel lacks (the K-quants, Q5_0, Q5_1) are re-quantized to Q8_0
+(worker/requantize.py), said once with the cost.
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from worker import requantize
 from worker.linear.quant import TYPES, QuantWeight
-from worker.linear.quant_module import QuantLinear, put
+from worker.linear.quant_module import QuantEmbedding, QuantLinear, put
 
 # GGUF's per-block tensor names -> the module under model.layers.{i} (llama's layout, which
 # the architectures below share)
@@ -28,6 +31,7 @@ LAYER_TENSORS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                  "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                  "ffn_down": "mlp.down_proj"}
 ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+EMBEDDINGS = ("token_embd.weight", "output.weight")
 PERMUTED = {"llama": ("attn_q", "attn_k"), "mistral": ("attn_q", "attn_k")}
 
 
@@ -59,26 +63,60 @@ def load_quantized(model: nn.Module, path: str | Path, architecture: str) -> dic
     cfg = model.config
     heads = {"attn_q": cfg.num_attention_heads,
              "attn_k": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
-    done, unread = {}, set()
+    done, unread, requantized = {}, set(), set()
     for t in reader.tensors:
         name, qtype = module_name(t.name), TYPES.get(t.tensor_type.name)
+        if t.name in EMBEDDINGS:
+            name = t.name
         if name is None:
             continue
-        if qtype is None:
-            unread.add(t.tensor_type.name)
+        kind = t.name.split(".")[-2]
+        permute = kind in PERMUTED.get(architecture, ())
+        type_name = t.tensor_type.name
+        if qtype is not None:
+            rows = unpermute(np.asarray(t.data), heads[kind]) if permute else np.asarray(t.data)
+            weight = QuantWeight(torch.from_numpy(np.array(rows, copy=True)), qtype,
+                                 (rows.shape[0], int(t.shape[0])))
+        elif requantize.requantizable(type_name):
+            floats = requantize.decoded(np.asarray(t.data), type_name)
+            weight = requantize.to_q8_0(unpermute(floats, heads[kind]) if permute else floats)
+            requantized.add(type_name)
+        else:
+            unread.add(type_name)
             continue
-        rows = np.asarray(t.data)
-        kind = t.name.split(".")[2]
-        if kind in PERMUTED.get(architecture, ()):
-            rows = unpermute(rows, heads[kind])
-        _replace(model, name, QuantWeight(torch.from_numpy(np.array(rows, copy=True)), qtype,
-                                          (rows.shape[0], int(t.shape[0]))))
-        done[name] = qtype.name
+        label = weight.qtype.name if qtype is not None else f"{weight.qtype.name} from {type_name}"
+        if t.name in EMBEDDINGS:
+            done.update(dict.fromkeys(_embedding(model, t.name, weight), label))
+        else:
+            _replace(model, name, weight)
+            done[name] = label
+    if requantized:
+        print(requantize.warning(Path(path).name, requantized), file=sys.stderr, flush=True)
     unread -= {"F32", "F16", "BF16"}
     if unread:
         print(f"{Path(path).name}: tensors of {', '.join(sorted(unread))} are served as float32 "
               "weights (no kernel for them): about 4-8x the bytes per token of their blocks",
               file=sys.stderr, flush=True)
+    return done
+
+
+def _embedding(model: nn.Module, tensor: str, weight: QuantWeight) -> dict[str, str]:
+    """token_embd: the input embedding, and the output head where it shares the embedding's
+    weight; output: the head."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and getattr(head, "weight", 0) is getattr(emb, "weight", 1)
+    targets = {"token_embd.weight": [emb, head] if tied else [emb],
+               "output.weight": [] if tied else [head]}[tensor]
+    names = {id(m): n for n, m in model.named_modules()}
+    done = {}
+    for mod in targets:
+        if tuple(mod.weight.shape) != weight.shape:
+            raise ValueError(f"{tensor}: the GGUF tensor is {list(weight.shape)}, the model's "
+                             f"weight {list(mod.weight.shape)}")
+        new = (QuantEmbedding(weight) if mod is emb
+               else QuantLinear(weight, getattr(mod, "bias", None)))
+        put(model, names[id(mod)], new)
+        done[names[id(mod)]] = weight.qtype.name
     return done
 
 

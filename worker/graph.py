@@ -8,7 +8,8 @@ decode kernel (every step in the batch-invariant mode; pure-decode steps otherwi
 
 What varies between steps is only shapes. The calls whose Python depends on a shape (the
 matmuls' row padding, the C kernels behind ctypes) are recorded as the ops
-`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear` and `tl::paged_decode`, whose
+`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear`, `tl::quant_linear`,
+`tl::quant_embedding` and `tl::paged_decode`, whose
 kernels are the functions the eager forward calls. That the rest holds for a checkpoint's
 code is checked, not assumed: `capture` refuses a model whose code decides on a tensor in
 Python, and keeps the recording only if it answers a one-row and a five-row step bit for
@@ -36,21 +37,25 @@ def enabled() -> bool:
 
 @cache
 def ops() -> torch.library.Library:
-    """`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear` and `tl::paged_decode`,
-    registered once per process (the Library must stay alive for them to stay registered:
+    """`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear`, `tl::quant_linear`,
+    `tl::quant_embedding` and `tl::paged_decode`, registered once per process (the Library must stay alive for them to stay registered:
     the cache holds it)."""
     from worker import native
-    from worker.linear import dispatch, panels
+    from worker.linear import dispatch, panels, quant_module
 
     lib = torch.library.Library("tl", "DEF")
     lib.define("packed_linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
     lib.define("panel_linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
     lib.define("row_linear(Tensor x, Tensor w, Tensor? b, int tile) -> Tensor")
+    lib.define("quant_linear(Tensor x, Tensor blocks, Tensor? b, int qtype) -> Tensor")
+    lib.define("quant_embedding(Tensor ids, Tensor blocks, int qtype, int dim) -> Tensor")
     lib.define("paged_decode(Tensor q, Tensor k, Tensor v, Tensor tables, Tensor ctx, "
                "float scale) -> Tensor")
     lib.impl("packed_linear", dispatch.packed_linear, "CompositeExplicitAutograd")
     lib.impl("panel_linear", panels.panel_linear, "CompositeExplicitAutograd")
     lib.impl("row_linear", dispatch.padded_linear, "CompositeExplicitAutograd")
+    lib.impl("quant_linear", quant_module.quant_linear, "CompositeExplicitAutograd")
+    lib.impl("quant_embedding", quant_module.quant_embedding, "CompositeExplicitAutograd")
     lib.impl("paged_decode", native.kernel_decode, "CompositeExplicitAutograd")
     return lib
 

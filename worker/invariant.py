@@ -40,8 +40,13 @@ def check_supported(model, kv: torch.Tensor, rep: int, tp: int) -> None:
                          f"heads per KV head); here: {kv.device.type}, {kv.dtype}, head dim "
                          f"{kv.shape[-1]}, {rep} per KV head, kernel "
                          f"{'built' if native.kernel() else 'unavailable'}")
+    from worker.linear import quant
+    from worker.linear.quant_module import QuantEmbedding, QuantLinear
     for name, mod in model.named_modules():
-        if isinstance(mod, (nn.Linear, nn.Embedding)):
+        if isinstance(mod, QuantLinear) and quant.kernel() is None:
+            raise ValueError("--batch-invariant needs the quantized kernel for quantized "
+                             "weights (without it they go through MKL); pass --dequantize")
+        if isinstance(mod, (nn.Linear, nn.Embedding, QuantLinear, QuantEmbedding)):
             continue
         weights = [n for n, p in mod.named_parameters(recurse=False) if p.dim() >= 2]
         if weights:

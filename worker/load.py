@@ -4,6 +4,7 @@ directory."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from core.ipc.protocol import ModelInfo
@@ -60,12 +61,14 @@ def _gguf_checkpoint(path: Path, pinned: str | None = None) -> tuple[Path, dict]
 def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                 num_blocks: int | None = None, kv_memory: int | None = None,
                 block_size: int = 16, max_model_len: int | None = None, tp: int = 1,
-                batch_invariant: bool | None = False):
+                batch_invariant: bool | None = False, quantize: str | None = None,
+                dequantize: bool = False):
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
     The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
     tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
     kv_memory is then per rank. `batch_invariant`: docs/DESIGN.md, "Batch-invariant mode"
-    (ValueError where it cannot run; None: on where it can, off elsewhere)."""
+    (ValueError where it cannot run; None: on where it can, off elsewhere). `quantize`,
+    `dequantize`: which weights stay quantized (worker/quantized.py)."""
     if model == "null":
         if batch_invariant:   # None (where it can) is off here
             raise ValueError("--batch-invariant needs a model: the null model has no logits")
@@ -79,13 +82,21 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
 
     from worker import kv
     from worker.digest import weights_digest
+    from worker import quantized
     from worker.malloc import keep_heap
     from worker.runner import ModelRunner
 
     keep_heap()
 
+    from worker.bf16 import fallback_note
+    if note := fallback_note(device, dtype):
+        print(note, file=sys.stderr, flush=True)
     path, checkpoint = resolve_checkpoint(model)
+    if why := quantized.refusal(checkpoint, quantize, dequantize, device, dtype, tp):
+        raise ValueError(why)
     hf = load_model(path, device, dtype, tp)
+    quantization = quantized.apply(hf, checkpoint, quantize=quantize, dequantize=dequantize,
+                                   device=device, dtype=dtype, tp=tp)
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = context_limit(cfg, max_model_len)
     shape = kv.kv_shape(cfg, tp)
@@ -100,7 +111,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path), tp=tp,
                      batch_invariant=batch_invariant, checkpoint=checkpoint,
-                     weights=weights_digest(hf))
+                     weights=weights_digest(hf), quantization=quantization)
     runner = ModelRunner(hf, cache, info)
     runner.probe()
     return runner

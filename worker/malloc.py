@@ -30,3 +30,13 @@ def keep_heap() -> bool:
     settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_TRIM_THRESHOLD, TRIM_NEVER),
                 (M_TOP_PAD, TOP_PAD))
     return all(mallopt(opt, value) == 1 for opt, value in settings)
+
+
+def trim() -> bool:
+    """Hand the heap's free pages back to the system now (glibc's malloc_trim), whatever the
+    trim threshold keep_heap set: once, after load, when a model's float weights are freed."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

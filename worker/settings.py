@@ -11,9 +11,11 @@ from core.config import layout_problem
 
 def problem(model: str, *, tp: int = 1, dtype: str = "float32", block_size: int = 16,
             num_blocks: int | None = None, kv_memory: int | None = None,
-            max_model_len: int | None = None, read_config: bool = True) -> str | None:
+            max_model_len: int | None = None, read_config: bool = True,
+            quantize: str | None = None, dequantize: bool = False,
+            device: str = "cpu") -> str | None:
     """Why a worker cannot start so, or None. With read_config=False only the checks that
-    need no model config (the KV layout's bounds, the null model's)."""
+    need no model config (the KV layout's bounds, the null model's, --quantize's)."""
     why = layout_problem(1 if num_blocks is None else num_blocks, block_size,
                          1 if max_model_len is None else max_model_len)
     if why:
@@ -21,7 +23,12 @@ def problem(model: str, *, tp: int = 1, dtype: str = "float32", block_size: int 
     if kv_memory is not None and kv_memory < 1:
         return f"kv_memory must be at least 1 byte, got {kv_memory}"
     if model == "null":
+        if quantize or dequantize:
+            return "the null model has no weights to quantize or dequantize"
         return "the null model has no weights to split: use --tp 1" if tp != 1 else None
+    if quantize is not None and (why := _weights_problem(model, quantize, dequantize,
+                                                         device, dtype, tp)):
+        return why
     if not read_config:
         return None
     from worker.registry_models import RegistryUnavailable
@@ -30,6 +37,17 @@ def problem(model: str, *, tp: int = 1, dtype: str = "float32", block_size: int 
     except (ValueError, OSError, RegistryUnavailable) as e:
         return str(e)
     return None
+
+
+def _weights_problem(model, quantize, dequantize, device, dtype, tp) -> str | None:
+    from worker.load import resolve_checkpoint
+    from worker.quantized import refusal
+    from worker.registry_models import RegistryUnavailable
+    try:
+        checkpoint = resolve_checkpoint(model)[1]
+    except (ValueError, OSError, RegistryUnavailable) as e:
+        return str(e)
+    return refusal(checkpoint, quantize, dequantize, device, dtype, tp)
 
 
 def _check_config(model, tp, dtype, block_size, num_blocks, kv_memory, max_model_len) -> None:

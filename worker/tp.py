@@ -171,7 +171,8 @@ def _runner(a):
     from worker.load import make_runner
     return make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
                        kv_memory=a.kv_memory, block_size=a.block_size,
-                       max_model_len=a.max_model_len, tp=a.tp)
+                       max_model_len=a.max_model_len, tp=a.tp, quantize=a.quantize,
+                       dequantize=a.dequantize)
 
 
 class _Lead:

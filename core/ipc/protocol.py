@@ -82,6 +82,8 @@ class ModelInfo:
     checkpoint: dict = field(default_factory=dict)   # where the weights came from: format,
     # and for a GGUF file its path, sha256, architecture and tensor types (worker/load.py)
     weights: str = ""             # sha256 of the weights as loaded (worker/digest.py); "" for none
+    quantization: dict = field(default_factory=dict)   # {"mode": gguf | q8_0 | q4_0 | none,
+    # "layers": {module name: type}} (worker/quantized.py)
 
 
 # ---------------------------------------------------------------- client <-> frontend

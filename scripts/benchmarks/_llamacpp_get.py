@@ -178,11 +178,12 @@ EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<e
              "<|end_of_text|>", "<|eom_id|>", "<eos>")
 
 
-def check_model(gguf_path: Path, hf_dir: Path) -> dict:
+def check_model(gguf_path: Path, hf_dir: Path, same_file: bool = False) -> dict:
     """The GGUF's vocabulary and specials against the checkpoint's config, and tensors the
     converter copies as they are against the checkpoint's, bit for bit: the same ids must
     mean the same rows. ValueError on a mismatch; the facts otherwise, with the ids
-    llama.cpp treats as end of generation (`eog_ids`)."""
+    llama.cpp treats as end of generation (`eog_ids`). `same_file`: the engine serves this
+    very file (`--gguf`), so its tensors are neither F32 nor compared."""
     ensure_gguf_package()   # a GGUF cached by another checkout's run: this .venv may lack it
     from gguf import GGUFReader
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -206,9 +207,10 @@ def check_model(gguf_path: Path, hf_dir: Path) -> dict:
     problems = [f"{k} {facts[k]} != {want}" for k, want in
                 (("vocab", cfg["vocab_size"]), ("embedding_rows", cfg["vocab_size"]),
                  ("eos", eos)) if want is not None and facts[k] != want]
-    if facts["tensor_types"] != ["F32"]:
+    if not same_file and facts["tensor_types"] != ["F32"]:
         problems.append(f"tensor types {facts['tensor_types']} (want F32 only)")
-    problems += _weights_differ(r, hf_dir)
+    if not same_file:
+        problems += _weights_differ(r, hf_dir)
     if problems:
         raise ValueError(f"{gguf_path} does not match {hf_dir}: {'; '.join(problems)}")
     return facts

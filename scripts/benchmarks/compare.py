@@ -4,6 +4,7 @@
     scripts/bench compare --model smol --requests 256 --json compare.json
     scripts/bench compare --quick                     # 32 requests
     scripts/bench compare --peer llamacpp             # vs llama-server, mixed-64 at 1,8,64
+    scripts/bench compare --peer llamacpp --gguf FILE [--gguf-type Q8_0]   # on its blocks
 
 The workload "mixed" (common.MIXED): random.Random(0), prompt length uniform 16-512,
 output length uniform 16-256, random token ids away from EOS, greedy, EOS ignored, every
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from pathlib import Path
 
 from core import cli
 from scripts.benchmarks import _compare_phases as ph
@@ -53,6 +55,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--peer", choices=("llamacpp",),
                    help="instead of the transformers phases: llama.cpp's llama-server, side "
                         "by side at each --concurrency (built and cached on first use)")
+    p.add_argument("--gguf", metavar="FILE",
+                   help="with --peer: both systems serve this GGUF file as it is (the engine"
+                        " on its quantized blocks); instead of --model")
+    p.add_argument("--gguf-type", choices=("Q8_0", "Q4_0", "Q4_1"),
+                   help="with --gguf: first re-quantize it with llama.cpp's llama-quantize")
     p.add_argument("--concurrency", default="1,8,64",
                    help="with --peer: comma-separated requests in flight")
     p.add_argument("--agree-first", type=int, default=16,
@@ -83,6 +90,10 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--concurrency: want at least one level, each >= 1")
     if a.requests < 1 or a.agree_first < 1 or a.rounds < 1:
         p.error("--requests, --agree-first and --rounds must be >= 1")
+    if (a.gguf or a.gguf_type) and not a.peer:
+        p.error("--gguf and --gguf-type go with --peer llamacpp")
+    if a.gguf_type and not a.gguf:
+        p.error("--gguf-type needs --gguf FILE")
     a.skip = {s for s in a.skip.split(",") if s}
     if a.skip - set(PHASES):
         p.error(f"unknown phase(s) in --skip: {', '.join(sorted(a.skip - set(PHASES)))}")
@@ -194,6 +205,11 @@ def report(doc: dict) -> str:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.gguf:
+        a.model = str(Path(a.gguf).expanduser().resolve())
+        if a.gguf_type:
+            from scripts.benchmarks._llamacpp_quantize import requantized
+            a.model = str(requantized(Path(a.model), a.gguf_type))
     facts = bl.model_facts(a.model)
     tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])
     reqs = bl.mixed_workload(a.requests, tokens)

@@ -57,6 +57,21 @@ def _llamacpp_rows(doc: dict) -> list[tuple]:
     return rows
 
 
+def _llamacpp_file_rows(doc: dict) -> list[tuple]:
+    """On the GGUF file's own blocks (`compare --gguf`): tok/s per level, TPOT p50 at 1."""
+    kind = (doc.get("llamacpp") or {}).get("gguf_facts", {}).get("tensor_types") or []
+    name = "/".join(t for t in kind if t != "F32") or "?"
+    rows = [(f"{r[0].replace('out tok/s,', f'{name} file, out tok/s,')}", *r[1:])
+            for r in _llamacpp_rows(doc)]
+    one = (doc.get("levels") or {}).get("1") or (doc.get("levels") or {}).get(1) or {}
+    if one.get("engine") and one.get("llamacpp"):
+        rows.append((f"{name} file, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp",
+                     rt.num(one["engine"]["tpot_ms"]["p50"], ".1f"),
+                     rt.num(one["llamacpp"]["tpot_ms"]["p50"], ".1f"),
+                     _ratio(one.get("engine_over_llamacpp_tpot_p50"))))
+    return rows
+
+
 def _transformers_rows(doc: dict) -> list[tuple]:
     eng = doc.get("engine_tok_s")
     return [(f"tok/s: tl-engine / {rt.COMPARE_LABELS[n]}", rt.num(eng),
@@ -115,7 +130,10 @@ def _structured_rows(doc: dict) -> list[tuple]:
              rt.num(u), _ratio(rt.get(doc, "ratios", "constrained_over_unconstrained")))]
 
 
-HEADLINE = (("compare-llamacpp.json", _llamacpp_rows), ("compare-smol.json", _transformers_rows),
+HEADLINE = (("compare-llamacpp.json", _llamacpp_rows),
+            ("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
+            ("compare-llamacpp-q8_0.json", _llamacpp_file_rows),
+            ("compare-smol.json", _transformers_rows),
             ("quality.json", _quality_rows), ("overhead.json", _overhead_rows),
             ("prefix-smol.json", _prefix_rows), ("scale-dp-smol.json", _scale_rows),
             ("invariant-smol.json", _invariant_rows),

@@ -66,6 +66,10 @@ def worker_args(a: argparse.Namespace) -> list[str]:
         out += ["--dist-init", a.dist_init, "--nnodes", str(a.nnodes)]
     if a.batch_invariant is not None:
         out.append("--batch-invariant" if a.batch_invariant else "--no-batch-invariant")
+    if a.dequantize:
+        out.append("--dequantize")
+    if a.quantize:
+        out += ["--quantize", a.quantize]
     for n in ("num_blocks", "kv_memory", "max_model_len"):
         if getattr(a, n) is not None:
             out += [_flag(n), str(getattr(a, n))]

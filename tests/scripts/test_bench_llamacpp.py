@@ -37,6 +37,10 @@ def test_goals_need_their_levels():
                     64: {"engine_over_llamacpp_tok_s": 1.5}})
     assert g["c64_tok_s_ratio_at_least_1.5"]["met"] is True
     assert g["c1_tpot_ratio_at_most_1.5"] == {"ratio": 1.6, "met": False}
+    same = peer.goals({1: {"engine_over_llamacpp_tpot_p50": 0.99},
+                       64: {"engine_over_llamacpp_tok_s": 2.9}}, same_file=True)
+    assert same == {"c64_tok_s_ratio_at_least_3.0": {"ratio": 2.9, "met": False},
+                    "c1_tpot_ratio_at_most_1.0": {"ratio": 0.99, "met": True}}
 
 
 def test_rounds_split_the_workload_in_order_and_keep_the_level_busy():
@@ -85,7 +89,11 @@ def test_parse_peer_defaults_and_refusals():
     a = compare.parse(["--peer", "llamacpp"])
     assert a.requests == 64 and a.concurrency == [1, 8, 64]
     assert compare.parse([]).requests == 256
-    for bad in (["--concurrency", "0"], ["--concurrency", "a,b"], ["--peer", "vllm"]):
+    assert compare.parse(["--peer", "llamacpp", "--gguf", "m.gguf", "--gguf-type",
+                          "Q8_0"]).gguf_type == "Q8_0"
+    for bad in (["--concurrency", "0"], ["--concurrency", "a,b"], ["--peer", "vllm"],
+                ["--gguf", "m.gguf"], ["--peer", "llamacpp", "--gguf-type", "Q8_0"],
+                ["--peer", "llamacpp", "--gguf", "m.gguf", "--gguf-type", "Q5_K"]):
         with pytest.raises(SystemExit):
             compare.parse(bad)
 

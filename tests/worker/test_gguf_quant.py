@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from worker.gguf_quant import load_quantized, module_name, unpermute
-from worker.linear.quant_module import QuantLinear
+from worker.linear.quant_module import QuantEmbedding, QuantLinear
 
 
 def converter_permute(rows: np.ndarray, n_head: int) -> np.ndarray:
@@ -55,12 +55,20 @@ def models():
 @pytest.mark.slow
 def test_every_linear_layer_is_its_blocks_and_equals_the_checkpoint(models):
     dense, quant, done = models
-    assert len(done) == 7 * dense.config.num_hidden_layers
-    assert set(done.values()) == {"Q4_1"}   # the registry file's type
+    assert len(done) == 7 * dense.config.num_hidden_layers + 2
+    # the registry file's types: Q4_1 layers, a Q8_0 embedding that the output head shares
+    assert {n: t for n, t in done.items() if t != "Q4_1"} == {"model.embed_tokens": "Q8_0",
+                                                              "lm_head": "Q8_0"}
     for name in done:
         layer = quant.get_submodule(name)
+        if name == "model.embed_tokens":
+            assert isinstance(layer, QuantEmbedding)
+            ids = torch.arange(0, dense.config.vocab_size, 97)
+            assert torch.equal(layer(ids), dense.get_input_embeddings()(ids))
+            continue
         assert isinstance(layer, QuantLinear), name
         assert torch.equal(layer.dense(), dense.get_submodule(name).weight), name
+    assert quant.lm_head.blocks is quant.model.embed_tokens.blocks   # one copy, as tied
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""The trained model (the `smollm2` preset: SmolLM2-135M-Instruct from its Q4_1 GGUF) against
-transformers on the same dequantized weights: real chat prompts through the model's own chat
+"""The trained model (the `smollm2` preset: SmolLM2-135M-Instruct from its Q4_1 GGUF, served on
+its quantized blocks as the worker does by default) against transformers on the same
+dequantized weights: real chat prompts through the model's own chat
 template, greedy tokens compared token for token. Trained weights leave few near-ties, so a
 parting is allowed only where the top-2 margin is under 1e-4, and at most once."""
 from __future__ import annotations
@@ -58,6 +59,19 @@ def runner():
 @pytest.fixture(scope="module")
 def stock(checkpoint):
     return AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa")
+
+
+def test_the_registry_file_is_served_on_its_own_blocks(runner):
+    """The default: the Q4_1 file's 210 layers on their blocks, and its Q8_0 token embedding
+    as both the embedding and the (tied) output head; the graph recorded over them."""
+    from worker.linear.quant_module import QuantEmbedding, QuantLinear
+    q = runner.info.quantization
+    assert q["mode"] == "gguf"
+    assert sorted(set(q["layers"].values())) == ["Q4_1", "Q8_0"]
+    assert [n for n, t in q["layers"].items() if t == "Q8_0"] == ["model.embed_tokens", "lm_head"]
+    assert sum(isinstance(m, QuantLinear) for m in runner.model.modules()) == 211
+    assert isinstance(runner.model.get_input_embeddings(), QuantEmbedding)
+    assert runner.graph is not None and runner.info.batch_invariant
 
 
 def messages(question: str) -> list[dict]:

@@ -4,7 +4,7 @@ summed in one fixed order (docs/design/cpu-paths.md, "Quantized weights"). Witho
 kernel (no C compiler, TL_NATIVE=0) `matmul` dequantizes and calls F.linear: the same
 weights, another summation order.
 
-Not wired into serving yet: nothing in the worker holds a QuantWeight.
+The worker serves a quantized GGUF's layers on them (worker/quantized.py).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ Q8_0 = QuantType("Q8_0", 8, 34)
 Q4_0 = QuantType("Q4_0", 2, 18)
 Q4_1 = QuantType("Q4_1", 3, 20)
 TYPES = {t.name: t for t in (Q8_0, Q4_0, Q4_1)}
+BY_ID = {t.ggml_id: t for t in TYPES.values()}
 
 
 @dataclass(frozen=True)
@@ -92,15 +93,24 @@ def matmul(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
         raise TypeError(f"a quantized linear layer takes float32 input, not {x.dtype}")
     if x.shape[-1] != k:
         raise ValueError(f"input of {x.shape[-1]} features for a weight of {k}")
+    return blocks_matmul(x, qw.data, qw.qtype.ggml_id, bias, lib)
+
+
+def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
+                  bias: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+    """matmul on a weight's bare blocks (`data` [out, in / 32 * block_bytes] uint8, type
+    `ggml_id`): the kernel of the decode graph's op tl::quant_linear (worker/graph.py)."""
+    qtype = BY_ID[ggml_id]
+    out, k = data.shape[0], x.shape[-1]
     lib = lib or kernel()
     if lib is None:
-        return F.linear(x, dequantize(qw), bias)
+        return F.linear(x, dequantize(QuantWeight(data, qtype, (out, k))), bias)
     lead = x.shape[:-1]
     flat = x.reshape(-1, k).contiguous()
     y = torch.empty(flat.shape[0], out, dtype=torch.float32)
     b = None if bias is None else bias.to(torch.float32).contiguous()
     if flat.shape[0] and out:
-        lib.tl_quant_matmul(flat.data_ptr(), qw.data.data_ptr(), qw.qtype.ggml_id,
+        lib.tl_quant_matmul(flat.data_ptr(), data.data_ptr(), ggml_id,
                             None if b is None else b.data_ptr(), y.data_ptr(),
                             flat.shape[0], k, out, torch.get_num_threads())
     return y.view(*lead, out)

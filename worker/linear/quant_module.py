@@ -1,15 +1,15 @@
-"""QuantLinear: an nn.Linear whose weight stays in GGUF blocks (worker/linear/quant.py), and
-`quantize_linears`, which puts one in place of each linear layer of a model that a type can
-hold (what `--quantize` will do at load; docs/design/cpu-paths.md, "Quantized weights").
-
-Not wired into serving yet: the worker's load path does not call it.
+"""QuantLinear: an nn.Linear whose weight stays in GGUF blocks (worker/linear/quant.py);
+QuantEmbedding: an embedding table in such blocks (the output head's, in the models that
+tie them); `quantize_linears`, which puts a QuantLinear in place of each linear layer of a
+model that a type can hold (`--quantize`; docs/design/cpu-paths.md, "Quantized weights").
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from worker.linear.quant import BLOCK, QuantType, QuantWeight, dequantize, matmul
+from worker.linear.quant import (BLOCK, BY_ID, QuantType, QuantWeight, blocks_matmul, dequantize,
+                                 matmul)
 from worker.linear.quantize import quantize
 
 
@@ -19,6 +19,8 @@ class QuantLinear(nn.Module):
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
         super().__init__()
         self.qweight = weight
+        # a buffer, so that the state dict (and the weights' digest, worker/digest.py) holds it
+        self.register_buffer("blocks", weight.data)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         if bias is not None and tuple(bias.shape) != (self.out_features,):
             raise ValueError(f"a bias of {list(bias.shape)} for {self.out_features} outputs")
@@ -26,6 +28,9 @@ class QuantLinear(nn.Module):
                                                            requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
+            return torch.ops.tl.quant_linear(x, self.blocks, self.bias,
+                                             self.qweight.qtype.ggml_id)
         return matmul(x, self.qweight, self.bias)
 
     def dense(self) -> torch.Tensor:
@@ -35,6 +40,41 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"qtype={self.qweight.qtype.name}, bias={self.bias is not None}")
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding table [vocab, dim] in quantized blocks: a lookup decodes the rows it
+    takes, to the very float32 weights `dequantize` gives."""
+
+    def __init__(self, weight: QuantWeight):
+        super().__init__()
+        self.qweight = weight
+        self.register_buffer("blocks", weight.data)
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
+            return torch.ops.tl.quant_embedding(ids, self.blocks, self.qweight.qtype.ggml_id,
+                                                self.embedding_dim)
+        return quant_embedding(ids, self.blocks, self.qweight.qtype.ggml_id, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, "
+                f"qtype={self.qweight.qtype.name}")
+
+
+def quant_embedding(ids: torch.Tensor, blocks: torch.Tensor, ggml_id: int,
+                    dim: int) -> torch.Tensor:
+    """The rows `ids` of a quantized table, decoded; tl::quant_embedding's kernel."""
+    rows = blocks[ids.reshape(-1)]
+    flat = dequantize(QuantWeight(rows, BY_ID[ggml_id], (rows.shape[0], dim)))
+    return flat.view(*ids.shape, dim)
+
+
+def quant_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None,
+                 ggml_id: int) -> torch.Tensor:
+    """tl::quant_linear's kernel (worker/graph.py)."""
+    return blocks_matmul(x, blocks, ggml_id, bias)
 
 
 def quantizable(mod: nn.Module) -> bool:

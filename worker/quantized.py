@@ -1,0 +1,86 @@
+"""Which of a model's weights the worker serves quantized (docs/design/cpu-paths.md,
+"Quantized weights"):
+
+- a GGUF file with Q8_0, Q4_0 or Q4_1 tensors is served on its blocks, as stored (the
+  default; worker/gguf_quant.py); `--dequantize` serves it as the converted checkpoint's
+  float weights of `--dtype`;
+- `--quantize q8_0|q4_0` quantizes a float checkpoint's linear layers at load (the output
+  head stays float: it is the embedding's own weight in the models that tie them).
+
+The kernel multiplies float32 activations on the CPU in one worker process. A quantized
+GGUF served elsewhere (`--dtype bfloat16`, cuda, `--tp` > 1) is dequantized, said in one
+line; `--quantize` there is refused, as it is on a file that is already quantized.
+"""
+from __future__ import annotations
+
+import sys
+
+QUANTIZE = ("q8_0", "q4_0")
+NATIVE = ("Q8_0", "Q4_0", "Q4_1")   # the types the kernel multiplies by (worker/linear/quant.py)
+FLOAT = frozenset({"F32", "F16", "BF16"})
+
+
+def quantized_types(checkpoint: dict) -> list[str]:
+    """The block-quantized tensor types of a GGUF checkpoint (none for any other)."""
+    return sorted(set(checkpoint.get("tensor_types") or {}) - FLOAT)
+
+
+def refusal(checkpoint: dict, quantize: str | None, dequantize: bool, device: str,
+            dtype: str, tp: int) -> str | None:
+    """Why these weight settings cannot start, or None."""
+    if quantize is None:
+        return None
+    if quantize not in QUANTIZE:
+        return f"--quantize takes {' or '.join(QUANTIZE)}, not {quantize!r}"
+    if dequantize:
+        return "--quantize and --dequantize ask for opposite things: pass one"
+    if types := quantized_types(checkpoint):
+        return (f"--quantize {quantize}: {checkpoint.get('path')} is already quantized "
+                f"({', '.join(types)}); it is served on its own blocks without --quantize")
+    if (device, dtype, tp) != ("cpu", "float32", 1):
+        return ("--quantize runs on the CPU with --dtype float32 and --tp 1 (the quantized "
+                f"kernel's activations are float32), not {device}, {dtype}, tp {tp}")
+    return None
+
+
+def apply(model, checkpoint: dict, *, quantize: str | None = None, dequantize: bool = False,
+          device: str = "cpu", dtype: str = "float32", tp: int = 1) -> dict:
+    """Quantize `model`'s layers as the settings say; what ModelInfo.quantization records:
+    {"mode": "gguf" | "q8_0" | "q4_0" | "none", "layers": {module name: type}}."""
+    if why := refusal(checkpoint, quantize, dequantize, device, dtype, tp):
+        raise ValueError(why)
+    if quantize is not None:
+        from worker.linear.quant import TYPES
+        from worker.linear.quant_module import quantize_linears
+        qtype = TYPES[quantize.upper()]
+        return _done(quantize, {n: qtype.name for n in quantize_linears(model, qtype)})
+    if dequantize or not set(quantized_types(checkpoint)) & set(NATIVE):
+        return {"mode": "none", "layers": {}}
+    if (device, dtype, tp) != ("cpu", "float32", 1):
+        print(f"[worker] {checkpoint.get('path')}: its quantized weights are served as "
+              f"{dtype} (the quantized kernel runs on the CPU in float32 with --tp 1; here "
+              f"{device}, tp {tp})", file=sys.stderr, flush=True)
+        return {"mode": "none", "layers": {}}
+    from worker.gguf_quant import load_quantized
+    return _done("gguf", load_quantized(model, checkpoint["path"], checkpoint["architecture"]))
+
+
+def _done(mode: str, layers: dict[str, str]) -> dict:
+    """Returns the freed float weights' pages to the system (the worker keeps its heap:
+    worker/malloc.py)."""
+    import gc
+
+    from worker.malloc import trim
+    gc.collect()
+    trim()
+    return {"mode": mode, "layers": layers}
+
+
+def settings(info: dict) -> dict:
+    """make_runner's keywords that re-create a logged worker's weights (replay)."""
+    mode = (info.get("quantization") or {}).get("mode")
+    if mode in QUANTIZE:
+        return {"quantize": mode}
+    if mode == "gguf":
+        return {}
+    return {"dequantize": True}   # "none", or a log from before quantized weights
