@@ -6,7 +6,8 @@ import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
 from worker import archs, graph, invariant, native, prompt_scores
-from worker.linear import packed, rows
+from worker.linear import packed, quant_fuse, rows
+from worker.linear.quant_module import QuantLinear
 from worker.attention import KWARG
 from worker.grammar import Grammars
 from worker.handmade import Part, make_batch
@@ -33,6 +34,8 @@ class ModelRunner:
             invariant.check_supported(model, kv, rep, info.tp)
         self.graph: graph.DecodeGraph | None = None
         weights: list[torch.Tensor] = []
+        if any(isinstance(m, QuantLinear) for m in model.modules()):
+            quant_fuse.fuse(model, self.probe)   # sibling layers as one weight
         if packed.usable(model, info.tp):   # docs/DESIGN.md, "Packed linear layers"
             groups = packed.siblings(model, self.probe)
             weights = packed.pack(model, groups,

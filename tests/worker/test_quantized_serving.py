@@ -38,10 +38,13 @@ def test_every_linear_layer_but_the_head_is_quantized(qtiny):
 
 
 def test_greedy_equals_transformers_on_the_dequantized_weights(qtiny):
+    from worker.linear.quant import TYPES
+    from worker.linear.quant_module import quantize_linears
     stock = AutoModelForCausalLM.from_pretrained(resolve_model("tiny")).eval()
-    for name, mod in qtiny.model.named_modules():
-        if isinstance(mod, QuantLinear):
-            stock.get_submodule(name).weight.data = mod.dense()
+    ref = AutoModelForCausalLM.from_pretrained(resolve_model("tiny")).eval()
+    # the same quantizer on the same weights: the runner's blocks (its siblings are fused)
+    for name in quantize_linears(ref, TYPES[qtiny.info.quantization["mode"].upper()]):
+        stock.get_submodule(name).weight.data = ref.get_submodule(name).dense()
     prompts = [[3, 17, 99, 200, 5], [42] * 9, list(range(100, 133))]
     ours, _ = run_engine(qtiny, [(p, 12, GREEDY) for p in prompts])
     assert ours == [stock_greedy(stock, p, 12) for p in prompts]
@@ -116,6 +119,24 @@ def test_the_kernel_less_worker_refuses_the_mode_on_quantized_weights(monkeypatc
     monkeypatch.setattr(quant, "kernel", lambda: None)
     with pytest.raises(ValueError, match="quantized kernel"):
         invariant.check_supported(runner.model, runner.kv, 2, 1)
-    x = torch.randn(3, 64)
-    layer = runner.model.model.layers[0].mlp.up_proj
+    layer = runner.model.model.layers[0].mlp.down_proj   # not fused: quant_fuse.py
+    x = torch.randn(3, layer.in_features)
     assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.dense()))
+
+
+def test_sibling_layers_fused_give_the_same_bits():
+    from worker.linear import quant_fuse
+    from worker.linear.quant import Q4_0
+    from worker.linear.quant_module import quantize_linears
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny")).eval()
+    quantize_linears(model, Q4_0)
+    ids = torch.tensor([[5, 9, 300, 2, 77, 18]])
+    with torch.inference_mode():
+        before = model(ids).logits
+        fused = quant_fuse.fuse(model, lambda: model(ids))
+        after = model(ids).logits
+    # q, k and v; gate and up: two groups a layer
+    assert len(fused) == 2 * model.config.num_hidden_layers
+    assert [f.widths for f in fused[:2]] == [[64, 32, 32], [128, 128]]
+    assert torch.equal(before, after)
+    assert model.model.layers[0].self_attn.k_proj.blocks.numel() == 0   # held once, fused

@@ -54,12 +54,15 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ROWS_HINT)
 
 
-def siblings(model, forward: Callable[[], object]) -> list[list[nn.Linear]]:
-    """The model's linear layers in groups that read one tensor, as one `forward` calls
-    them; a layer called more than once there stands alone."""
-    calls: list[tuple[nn.Linear, torch.Tensor]] = []
+def siblings(model, forward: Callable[[], object], kind: type = nn.Linear,
+             alike: Callable[[nn.Module, nn.Module], bool] | None = None) -> list[list]:
+    """The model's linear layers (modules of `kind`) in groups that read one tensor, as one
+    `forward` calls them; a layer called more than once there stands alone. `alike`: which
+    may be one weight (default: nn.Linear's input size, dtype and bias)."""
+    alike = alike or _alike
+    calls: list[tuple[nn.Module, torch.Tensor]] = []
     hooks = [m.register_forward_pre_hook(lambda mod, args: calls.append((mod, args[0])))
-             for m in model.modules() if isinstance(m, nn.Linear)]
+             for m in model.modules() if isinstance(m, kind)]
     try:
         forward()
     finally:
@@ -71,7 +74,7 @@ def siblings(model, forward: Callable[[], object]) -> list[list[nn.Linear]]:
     for mod, x in calls:
         last = groups[-1] if groups else None
         if (last and prev is x and count[id(mod)] == count[id(last[0])] == 1
-                and _alike(last[0], mod)):
+                and alike(last[0], mod)):
             last.append(mod)
         elif count[id(mod)] == 1 or all(g[0] is not mod for g in groups):
             groups.append([mod])

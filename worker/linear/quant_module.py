@@ -38,8 +38,9 @@ class QuantLinear(nn.Module):
         return dequantize(self.qweight)
 
     def extra_repr(self) -> str:
+        qtype = "fused" if self.qweight is None else self.qweight.qtype.name   # quant_fuse.py
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"qtype={self.qweight.qtype.name}, bias={self.bias is not None}")
+                f"qtype={qtype}, bias={self.bias is not None}")
 
 
 class QuantEmbedding(nn.Module):
