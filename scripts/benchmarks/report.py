@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,10 +58,15 @@ def _llamacpp_rows(doc: dict) -> list[tuple]:
     return rows
 
 
+def file_type(path: str) -> str:
+    """The type a GGUF file's name gives (`....Q4_1.gguf` -> Q4_1), else its name."""
+    m = re.search(r"\.([A-Z0-9_]+)\.gguf$", path)
+    return m.group(1) if m else Path(path).name
+
+
 def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     """On the GGUF file's own blocks (`compare --gguf`): tok/s per level, TPOT p50 at 1."""
-    kind = (doc.get("llamacpp") or {}).get("gguf_facts", {}).get("tensor_types") or []
-    name = "/".join(t for t in kind if t != "F32") or "?"
+    name = file_type(str(doc.get("model", "")))
     rows = [(f"{r[0].replace('out tok/s,', f'{name} file, out tok/s,')}", *r[1:])
             for r in _llamacpp_rows(doc)]
     one = (doc.get("levels") or {}).get("1") or (doc.get("levels") or {}).get(1) or {}

@@ -117,3 +117,17 @@ def test_the_cpu_a_figure_came_from_is_said():
            "load_after": 0.7, "machine": {"cpu": "AMD EPYC", "cpu_vectors": "avx2"}}
     assert "on AMD EPYC (avx2)" in rt.provenance(doc)
     assert " on " not in rt.provenance({k: v for k, v in doc.items() if k != "machine"})
+
+
+def test_a_gguf_comparison_is_labelled_by_its_file_type():
+    from scripts.benchmarks.report import _llamacpp_file_rows, file_type
+    assert file_type("/c/SmolLM2-135M-Instruct.Q4_1.gguf") == "Q4_1"
+    assert file_type("/c/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e.Q8_0.gguf") == "Q8_0"
+    doc = {"model": "/c/m.Q8_0.gguf", "levels": {"1": {
+        "engine": {"output_tok_s": 40.0, "tpot_ms": {"p50": 20.0}},
+        "llamacpp": {"output_tok_s": 50.0, "tpot_ms": {"p50": 16.0}},
+        "engine_over_llamacpp_tok_s": 0.8, "engine_over_llamacpp_tpot_p50": 1.25}}}
+    rows = _llamacpp_file_rows(doc)
+    assert rows[0][0] == "Q8_0 file, out tok/s, 1 in flight: tl-engine / llama.cpp"
+    assert rows[1][0] == "Q8_0 file, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp"
+    assert rows[1][3] == "1.25x"
