@@ -66,7 +66,9 @@ def file_type(path: str) -> str:
 
 def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     """On the GGUF file's own blocks (`compare --gguf`): tok/s per level, TPOT p50 at 1."""
-    name = file_type(str(doc.get("model", "")))
+    model = doc.get("model") or ""   # provenance's record (a dict) or the name given
+    name = file_type(model.get("file") or model.get("name", "") if isinstance(model, dict)
+                     else str(model))
     rows = [(f"{r[0].replace('out tok/s,', f'{name} file, out tok/s,')}", *r[1:])
             for r in _llamacpp_rows(doc)]
     one = (doc.get("levels") or {}).get("1") or (doc.get("levels") or {}).get(1) or {}

@@ -131,3 +131,5 @@ def test_a_gguf_comparison_is_labelled_by_its_file_type():
     assert rows[0][0] == "Q8_0 file, out tok/s, 1 in flight: tl-engine / llama.cpp"
     assert rows[1][0] == "Q8_0 file, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp"
     assert rows[1][3] == "1.25x"
+    doc["model"] = {"name": "/c/m.Q4_1.gguf", "weights": "trained", "file": "m.Q4_1.gguf"}
+    assert _llamacpp_file_rows(doc)[0][0].startswith("Q4_1 file, ")
