@@ -8,8 +8,9 @@
   head stays float: it is the embedding's own weight in the models that tie them).
 
 The kernel multiplies float32 activations on the CPU in one worker process. A quantized
-GGUF served elsewhere (`--dtype bfloat16`, cuda, `--tp` > 1) is dequantized, said in one
-line; `--quantize` there is refused, as it is on a file that is already quantized.
+GGUF served elsewhere (`--dtype bfloat16`, cuda, `--tp` > 1), or of an architecture whose
+layout gguf_quant.py does not read (phi3, gemma2, starcoder2, gpt2), is dequantized, said in
+one line; `--quantize` on the former is refused, as it is on a file already quantized.
 """
 from __future__ import annotations
 
@@ -56,13 +57,22 @@ def apply(model, checkpoint: dict, *, quantize: str | None = None, dequantize: b
         return _done(quantize, {n: qtype.name for n in quantize_linears(model, qtype)})
     if dequantize or not set(quantized_types(checkpoint)) & set(NATIVE):
         return {"mode": "none", "layers": {}}
-    if (device, dtype, tp) != ("cpu", "float32", 1):
+    from worker.gguf_quant import ARCHITECTURES, load_quantized
+    if why := _why_float(checkpoint, device, dtype, tp, ARCHITECTURES):
         print(f"[worker] {checkpoint.get('path')}: its quantized weights are served as "
-              f"{dtype} (the quantized kernel runs on the CPU in float32 with --tp 1; here "
-              f"{device}, tp {tp})", file=sys.stderr, flush=True)
+              f"{dtype}: {why}", file=sys.stderr, flush=True)
         return {"mode": "none", "layers": {}}
-    from worker.gguf_quant import load_quantized
     return _done("gguf", load_quantized(model, checkpoint["path"], checkpoint["architecture"]))
+
+
+def _why_float(checkpoint: dict, device, dtype, tp, architectures) -> str | None:
+    if (device, dtype, tp) != ("cpu", "float32", 1):
+        return ("the quantized kernel runs on the CPU in float32 with --tp 1; here "
+                f"{device}, tp {tp}")
+    if checkpoint.get("architecture") not in architectures:
+        return (f"blocks are read for {', '.join(sorted(architectures))} layouts, not "
+                f"{checkpoint.get('architecture')!r}")
+    return None
 
 
 def _done(mode: str, layers: dict[str, str]) -> dict:

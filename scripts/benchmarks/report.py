@@ -65,13 +65,21 @@ def file_type(path: str) -> str:
 
 
 def _llamacpp_file_rows(doc: dict) -> list[tuple]:
-    """On the GGUF file's own blocks (`compare --gguf`): tok/s per level, TPOT p50 at 1."""
+    """On the GGUF file's own blocks (`compare --gguf`): tok/s at every level in one row
+    (ratios likewise), TPOT p50 at 1 in flight in another."""
     model = doc.get("model") or ""   # provenance's record (a dict) or the name given
     name = file_type(model.get("file") or model.get("name", "") if isinstance(model, dict)
                      else str(model))
-    rows = [(f"{r[0].replace('out tok/s,', f'{name} file, out tok/s,')}", *r[1:])
-            for r in _llamacpp_rows(doc)]
-    one = (doc.get("levels") or {}).get("1") or (doc.get("levels") or {}).get(1) or {}
+    levels = doc.get("levels") or {}
+    if not levels:
+        return []
+    side = lambda row, n: rt.num((row.get(n) or {}).get("output_tok_s"))  # noqa: E731
+    rows = [(f"{name} file, out tok/s, {' / '.join(map(str, levels))} in flight: "
+             "tl-engine / llama.cpp",
+             " / ".join(side(r, "engine") for r in levels.values()),
+             " / ".join(side(r, "llamacpp") for r in levels.values()),
+             " / ".join(_ratio(r.get("engine_over_llamacpp_tok_s")) for r in levels.values()))]
+    one = levels.get("1") or levels.get(1) or {}
     if one.get("engine") and one.get("llamacpp"):
         rows.append((f"{name} file, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp",
                      rt.num(one["engine"]["tpot_ms"]["p50"], ".1f"),

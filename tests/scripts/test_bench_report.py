@@ -128,7 +128,8 @@ def test_a_gguf_comparison_is_labelled_by_its_file_type():
         "llamacpp": {"output_tok_s": 50.0, "tpot_ms": {"p50": 16.0}},
         "engine_over_llamacpp_tok_s": 0.8, "engine_over_llamacpp_tpot_p50": 1.25}}}
     rows = _llamacpp_file_rows(doc)
-    assert rows[0][0] == "Q8_0 file, out tok/s, 1 in flight: tl-engine / llama.cpp"
+    assert rows[0] == ("Q8_0 file, out tok/s, 1 in flight: tl-engine / llama.cpp", "40.0",
+                       "50.0", "0.80x")
     assert rows[1][0] == "Q8_0 file, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp"
     assert rows[1][3] == "1.25x"
     doc["model"] = {"name": "/c/m.Q4_1.gguf", "weights": "trained", "file": "m.Q4_1.gguf"}

@@ -94,6 +94,16 @@ def test_serve_refuses_quantize_on_a_null_model_and_passes_the_flags():
     assert "--quantize" not in commands(parse([]), "/tmp/x", None)["worker"]
 
 
+def test_a_quantized_file_of_a_layout_it_does_not_read_is_served_float(capsys):
+    from worker.quantized import apply
+    phi3 = {**GGUF_Q4, "architecture": "phi3"}
+    assert apply(torch.nn.Module(), phi3) == {"mode": "none", "layers": {}}
+    assert "not 'phi3'" in capsys.readouterr().err
+    bf16 = {**GGUF_Q4, "architecture": "llama"}
+    assert apply(torch.nn.Module(), bf16, dtype="bfloat16")["mode"] == "none"
+    assert "float32 with --tp 1" in capsys.readouterr().err
+
+
 def test_replay_loads_the_weights_the_log_names():
     assert settings({"quantization": {"mode": "q4_0", "layers": {}}}) == {"quantize": "q4_0"}
     assert settings({"quantization": {"mode": "gguf", "layers": {}}}) == {}
