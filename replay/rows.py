@@ -25,11 +25,6 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
-# model_info's other keys (older logs lack some): how each is read
-MODEL_INFO = {"dtype": text, "device": text, "tokenizer": text, "model": text,
-              "tp": lambda v, w: integer(v, w, 1), "batch_invariant": boolean,
-              "num_blocks": integer, "block_size": integer,
-              "quantization": lambda v, w: _quantization(v, w)}
 QUANT_MODES = {"gguf", "q8_0", "q4_0", "none"}   # worker/quantized.py
 
 
@@ -39,6 +34,13 @@ def _quantization(v, where: str) -> dict:
     for name, qtype in mapping(q.get("layers", {}), f"{where} layers").items():
         text(qtype, f"{where} layers {name}")
     return q
+
+
+# model_info's other keys (older logs lack some): how each is read
+MODEL_INFO = {"dtype": text, "device": text, "tokenizer": text, "model": text,
+              "tp": lambda v, w: integer(v, w, 1), "batch_invariant": boolean,
+              "num_blocks": integer, "block_size": integer,
+              "quantization": _quantization}
 
 
 def check_meta(meta: dict) -> Bounds:

@@ -87,27 +87,40 @@ def _alike(a: nn.Linear, b: nn.Linear) -> bool:
             and (a.bias is None) == (b.bias is None))
 
 
-class Fused:
-    """Linear layers that read one input, as one packed weight; member i's forward is
-    `take(i, x)`."""
+class Columns:
+    """Sibling layers multiplied as one weight: member i's forward is `take(i, x)`, its
+    columns of `product(x)`; the product is made once per input and dropped when every
+    member has taken its part (quant_fuse.py's quantized siblings share this)."""
 
-    def __init__(self, mods: list[nn.Linear], plan: Callable[..., Matmul]):
-        self.weight = pack_weight(torch.cat([m.weight.detach() for m in mods]))
-        self.bias = None if mods[0].bias is None else torch.cat([m.bias.detach() for m in mods])
-        self.matmul = plan(self.weight, self.bias)
-        self.widths = [m.out_features for m in mods]
+    def __init__(self, widths: list[int]):
+        self.widths = widths
         self.x: torch.Tensor | None = None
         self.outs: list[torch.Tensor | None] = []
 
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
     def take(self, i: int, x: torch.Tensor) -> torch.Tensor:
         if self.x is not x or self.outs[i] is None:
-            y = self.matmul(x, self.weight, self.bias)
-            self.outs = [t.contiguous() for t in y.split(self.widths, dim=-1)]
+            self.outs = [t.contiguous() for t in self.product(x).split(self.widths, dim=-1)]
             self.x = x
         out, self.outs[i] = self.outs[i], None
         if all(o is None for o in self.outs):
             self.x = None   # every member has its columns: hold nothing between steps
         return out
+
+
+class Fused(Columns):
+    """Linear layers that read one input, as one packed weight."""
+
+    def __init__(self, mods: list[nn.Linear], plan: Callable[..., Matmul]):
+        super().__init__([m.out_features for m in mods])
+        self.weight = pack_weight(torch.cat([m.weight.detach() for m in mods]))
+        self.bias = None if mods[0].bias is None else torch.cat([m.bias.detach() for m in mods])
+        self.matmul = plan(self.weight, self.bias)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.weight, self.bias)
 
 
 def dense_plan(weight: torch.Tensor, bias) -> Matmul:

@@ -25,27 +25,19 @@ def alike(a: QuantLinear, b: QuantLinear) -> bool:
             and (a.bias is None) == (b.bias is None))
 
 
-class FusedQuant:
-    """The members' blocks as one QuantLinear; member i's forward is `take(i, x)`."""
+class FusedQuant(packed.Columns):
+    """The members' blocks as one QuantLinear."""
 
     def __init__(self, mods: list[QuantLinear]):
+        super().__init__([m.out_features for m in mods])
         first = mods[0]
         blocks = torch.cat([m.blocks for m in mods])
         bias = None if first.bias is None else torch.cat([m.bias.detach() for m in mods])
         self.layer = QuantLinear(QuantWeight(blocks, first.qweight.qtype,
                                              (blocks.shape[0], first.in_features)), bias)
-        self.widths = [m.out_features for m in mods]
-        self.x: torch.Tensor | None = None
-        self.outs: list[torch.Tensor | None] = []
 
-    def take(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        if self.x is not x or self.outs[i] is None:
-            self.outs = [t.contiguous() for t in self.layer(x).split(self.widths, dim=-1)]
-            self.x = x
-        out, self.outs[i] = self.outs[i], None
-        if all(o is None for o in self.outs):
-            self.x = None   # every member has its columns: hold nothing between steps
-        return out
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
 
 
 def fuse(model: nn.Module, forward: Callable[[], object]) -> list[FusedQuant]:
