@@ -95,7 +95,7 @@ class NullLog:
 
     path = None
     def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos,
-                    user=None, arrival_time=None): pass
+                    user=None, arrival_time=None, key_hash=None): pass
     def input(self, step, kind, seq_id): pass
     def step(self, record: StepRecord): pass
     def prompt_logprobs(self, record: PromptLogprobsRecord): pass
@@ -162,9 +162,10 @@ class Engine:
 
     def add(self, req: Request, sampling: SamplingParams | None = None, *,
             ignore_eos: bool = False, request_id: str = "", user: str | None = None,
-            arrival_time: float | None = None) -> int:
+            arrival_time: float | None = None, key_hash: str | None = None) -> int:
         """Admit to the queue; raises the scheduler's AdmitError unchanged. arrival_time:
-        wall clock when the core received it (read mid-step, it is added after the step)."""
+        wall clock when the core received it (read mid-step, it is added after the step);
+        key_hash: the API key's short hash the gateway gave it (logged only)."""
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
         if sampling.prompt_logprobs is not None:   # a cached prefix has no logits to give
@@ -180,7 +181,7 @@ class Engine:
         self.live[seq_id] = _Live(sampling, stops,
                                   RequestClock(time.monotonic(), step, req.priority))
         self.log.add_request(seq_id, request_id, step, req, sampling, ignore_eos, user,
-                             arrival_time)
+                             arrival_time, key_hash)
         self.log.input(step, "add", seq_id)
         return seq_id
 

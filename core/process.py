@@ -215,6 +215,7 @@ class CoreLoop:
         try:
             seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
                                      request_id=msg.request_id, user=msg.user,
+                                     key_hash=msg.key_hash,
                                      arrival_time=received)
         except AdmitError as e:
             code = 429 if isinstance(e, QueueFull) else 400

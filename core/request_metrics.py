@@ -7,6 +7,7 @@ what only it sees (time to first token and end to end, from the client's side).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -32,12 +33,15 @@ class RequestClock:
             self.cached_tokens = start
 
     def figures(self, log: str | None, seq_id: int | None) -> dict:
-        """The metrics sent with the finish; the pinned key "log_id" holds the seq_id."""
+        """The metrics sent with the finish; the pinned key "log_id" holds the seq_id.
+        "log" is the step log's file name, never its path: every client reads it, and the
+        server's directories are the operator's (stats() has the path)."""
         queued = (self.admitted if self.admitted is not None else time.monotonic()) - self.arrival
         return {"queue_ms": round(queued * 1e3, 3), "preemptions": self.preemptions,
                 "priority": self.priority_at_admission if self.admitted is not None
                 else float(self.priority),
-                "cached_tokens": self.cached_tokens, "log": log, "log_id": seq_id}
+                "cached_tokens": self.cached_tokens,
+                "log": None if log is None else os.path.basename(log), "log_id": seq_id}
 
 
 def effective_priority(priority: int, waited_steps: int, cfg: SchedulerConfig) -> float:

@@ -93,12 +93,13 @@ class StepLog:
     # ---- called by the engine, on the step loop's thread
 
     def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos, user=None,
-                    arrival_time=None):
+                    arrival_time=None, key_hash=None):
         doc = {**asdict(sampling), "ignore_eos": ignore_eos}
         # arrival_time: wall clock when the core received it, else now (what-if's arrivals)
         at = time.time() if arrival_time is None else arrival_time
         self._pending.append(("req", (seq_id, request_id, arrival, list(req.prompt),
-                                      req.max_tokens, req.priority, doc, user, at)))
+                                      req.max_tokens, req.priority, doc, user, at,
+                                      key_hash)))
 
     def input(self, step, kind, seq_id):
         # Inputs arrive in step order, so one counter for the current step suffices.

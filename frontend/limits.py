@@ -29,3 +29,5 @@ MAX_PENALTY = 2.0
 MAX_REPETITION_PENALTY = 10.0
 MAX_STOP_TOKEN_IDS = 64
 MAX_USER_CHARS = 256
+# An API key's short hash (frontend/http/identity.py writes 12); lower-case hex.
+MAX_KEY_HASH_CHARS = 64

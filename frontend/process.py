@@ -246,7 +246,8 @@ class Frontend(CoreSide, PromptSide):
         st = self._state(ident, msg, ids)
         seed = failover_seed(msg, ident) if self.several else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
-                            sampling_of(msg, seed), msg.ignore_eos, msg.user)
+                            sampling_of(msg, seed), msg.ignore_eos, msg.user,
+                            msg.key_hash)
         if not self._dispatch(st):
             return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
         self.inflight.add(st)

@@ -8,13 +8,16 @@ frontend/limits.py.
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 from core.ipc.protocol import Generate, ModelInfo
-from frontend.limits import (INT32_MAX, MAX_LOGPROBS, MAX_PENALTY, MAX_PRIORITY,
-                             MAX_REPETITION_PENALTY, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS,
-                             MAX_STOP_TOKEN_IDS, MAX_STOPS, MAX_TEMPERATURE, MAX_USER_CHARS,
-                             MIN_TEMPERATURE, SEED_LIMIT)
+from frontend.limits import (INT32_MAX, MAX_KEY_HASH_CHARS, MAX_LOGPROBS, MAX_PENALTY,
+                             MAX_PRIORITY, MAX_REPETITION_PENALTY, MAX_REQUEST_ID_CHARS,
+                             MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS, MAX_TEMPERATURE,
+                             MAX_USER_CHARS, MIN_TEMPERATURE, SEED_LIMIT)
+
+_KEY_HASH = re.compile(f"[0-9a-f]{{1,{MAX_KEY_HASH_CHARS}}}")
 
 
 class InvalidField(ValueError):
@@ -76,6 +79,10 @@ def _processors(req, vocab_size: int | None) -> None:
         _int_in("stop_token_ids", t, 0, (vocab_size or INT32_MAX + 1) - 1)
     if req.user is not None and len(req.user) > MAX_USER_CHARS:
         raise InvalidField(f"user must be at most {MAX_USER_CHARS} characters", "user")
+    key_hash = getattr(req, "key_hash", None)
+    if key_hash is not None and not _KEY_HASH.fullmatch(key_hash):
+        raise InvalidField(f"key_hash must be 1 to {MAX_KEY_HASH_CHARS} lower-case hex digits",
+                           "key_hash")
 
 
 def _real_in(name: str, value: float, lo: float, hi: float) -> None:

@@ -47,7 +47,8 @@ def check_request(r: dict, b: Bounds, where: str) -> None:
     names its column (a sampling field names `sampling` and the field)."""
     s = {k: v for k, v in r["sampling"].items() if k != "ignore_eos"}
     req = SimpleNamespace(**{**_DEFAULTS, **s}, max_tokens=r["max_tokens"], stop=None,
-                          priority=r["priority"], user=r.get("user"))
+                          priority=r["priority"], user=r.get("user"),
+                          key_hash=r.get("key_hash"))
     try:
         check_fields(req, b.max_model_len, b.vocab_size)
     except InvalidField as e:

@@ -103,7 +103,8 @@ def request_row(r: dict, b: Bounds) -> dict:
            "output_tokens": None if out is None else b.tokens(
                parsed(out, f"{w} output_tokens"), f"{w} output_tokens"),
            "user": optional(text, r.get("user"), f"{w} user"),
-           "arrival_time": optional(clock, r.get("arrival_time"), f"{w} arrival_time")}
+           "arrival_time": optional(clock, r.get("arrival_time"), f"{w} arrival_time"),
+           "key_hash": optional(text, r.get("key_hash"), f"{w} key_hash")}
     check_request(row, b, w)
     return row
 

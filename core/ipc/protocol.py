@@ -118,6 +118,8 @@ class Generate:
     # structured outputs (docs/structured.md): OpenAI's and vLLM's objects, at most one
     response_format: dict | None = None
     structured_outputs: dict | None = None
+    # the gateway's: the short hash of the API key that sent it (frontend/http/identity.py)
+    key_hash: str | None = None
 
 
 @message("abort")
@@ -180,6 +182,7 @@ class AddRequest:
     sampling: SamplingParams
     ignore_eos: bool = False
     user: str | None = None
+    key_hash: str | None = None   # Generate's, for the step log
 
 
 @message("abort_req")

@@ -18,6 +18,7 @@ from core.ipc.lifeline import pid_alive
 from frontend.client.common import ClientError
 from frontend.compile_check import CompileCheck
 from frontend.http.pool import ClientPool
+from frontend.http.auth import GUARD, Guard, require_key
 from frontend.http.chat import ChatTemplate
 from frontend.http.errors import ApiError
 from frontend.http.format import CompletionFormat
@@ -69,10 +70,13 @@ class Gateway:
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
-def make_app(gw: Gateway) -> web.Application:
-    app = web.Application(middlewares=[count_status, openai_errors],
+def make_app(gw: Gateway, guard: Guard | None = None) -> web.Application:
+    """`guard`: the API keys every route but the open ones needs (auth.py); None: none."""
+    app = web.Application(middlewares=[count_status, openai_errors, require_key],
                           client_max_size=MAX_BODY_BYTES)
     app[GATEWAY] = gw
+    if guard is not None:
+        app[GUARD] = guard
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
@@ -130,7 +134,8 @@ async def openai_errors(request: web.Request, handler):
 
 
 def error_response(e: ApiError) -> web.Response:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None
+    headers = ({"Retry-After": str(RETRY_AFTER_S)} if e.status == 429
+               else {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
     resp = web.json_response(e.body(), status=e.status, headers=headers)
     if e.status == 408:  # the rest of the body may never come: do not wait for another request
         resp.force_close()

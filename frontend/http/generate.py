@@ -18,6 +18,7 @@ from frontend.client.common import ClientError
 from frontend.http.errors import ApiError
 from frontend.http.fanout import FanOut
 from frontend.http.format import CompletionFormat, Tally
+from frontend.http.identity import key_hash
 from frontend.http.metrics import Metrics
 from frontend.http.prompt_logprobs import client_for
 from frontend.http.schema import GenRequest
@@ -35,7 +36,8 @@ def api_error(e: ClientError, gen: GenRequest) -> ApiError:
 async def generate(request: web.Request, client, gen: GenRequest, fmt: CompletionFormat,
                    metrics: Metrics) -> web.StreamResponse:
     tallies = [Tally(time.monotonic()) for _ in range(gen.choices)]
-    requests = [gen.client_kwargs(i) for i in range(gen.choices)]
+    requests = [{**gen.client_kwargs(i), "key_hash": key_hash(request)}
+                for i in range(gen.choices)]
     try:
         async with FanOut(client_for(gen.prompt_ask, client), requests, gen.n) as fan:
             early = []  # deltas that came before every choice had answered

@@ -10,12 +10,15 @@ http://HOST:PORT` on stdout once the engine answers stats(), the chat template i
 and the port is bound (--port 0 picks a free one).
 SIGTERM/SIGINT: stop accepting connections, let in-flight requests finish (up to
 --drain-timeout), then exit 0.
+With API keys (--api-key, $TL_API_KEY, --api-key-file) every route but /health and /metrics
+needs `Authorization: Bearer KEY` (auth.py; --protect-metrics closes those two as well).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -28,7 +31,9 @@ from core.ipc.lifeline import die_with_parent
 from frontend.client import ClientError
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.http.pool import DEFAULT_CAP, ClientPool
+from frontend.http.api_keys import ENV, KeyProblem, api_keys, collect
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
+from frontend.http.auth import Guard
 from frontend.http.chat import ChatTemplate
 from frontend.http.heap import HeapTrim
 from frontend.http.metrics import Metrics
@@ -61,7 +66,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
+    sec = p.add_argument_group("security")
+    sec.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                     help=f"a key clients must send as `Authorization: Bearer KEY` (repeatable;"
+                          f" ${ENV} and --api-key-file add more; a flag shows in `ps`)")
+    sec.add_argument("--api-key-file", default=None, metavar="PATH",
+                     help="keys, one per line (blank lines and # lines skipped)")
+    sec.add_argument("--protect-metrics", action="store_true",
+                     help="/health and /metrics need a key too")
     return p.parse_args(argv)
+
+
+def guard_of(args: argparse.Namespace) -> Guard | None:
+    """The keys the routes need, or None without any; raises KeyProblem."""
+    keys = collect(args.api_key, os.environ.get(ENV), args.api_key_file)
+    if not keys:
+        if args.protect_metrics:
+            raise KeyProblem("--protect-metrics needs an API key")
+        return None
+    return Guard(api_keys(keys), args.protect_metrics)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -90,7 +113,7 @@ async def wait_for_engine(client: ClientPool, timeout: float) -> dict:
         await asyncio.sleep(RETRY_S)
 
 
-async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
+async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,7 +127,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
         gw = Gateway(client, args.model_name or stats["model"], stats["max_model_len"], chat,
                      Metrics(), int(time.time()), args.body_timeout,
                      CompileCheck(args.max_compile_ms))
-        runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None,
+        runner = web.AppRunner(make_app(gw, guard), handler_cancellation=True, access_log=None,
                                shutdown_timeout=args.drain_timeout)
         await runner.setup()
         try:
@@ -135,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         print("http: --body-timeout, --max-inflight-per-client and --max-compile-ms must be"
               " > 0", file=sys.stderr)
         return 2
+    try:
+        guard = guard_of(args)
+    except KeyProblem as e:
+        print(f"http: {e}", file=sys.stderr)
+        return 2
     die_with_parent(signal.SIGTERM)
     try:
         sock = bind(args.host, args.port)
@@ -142,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"http: cannot bind {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
     try:
-        return asyncio.run(serve(args, sock))
+        return asyncio.run(serve(args, sock, guard))
     except ClientError as e:
         print(f"http: {e.message}", file=sys.stderr)
         return 1

@@ -11,16 +11,23 @@ import time
 
 from scripts import ROOT
 
+# serve's own variables that only the child given them in `env` may see
+PRIVATE_ENV = ("TL_API_KEY",)
+
 
 class Children:
-    def __init__(self, cmds: dict[str, list[str]], piped: tuple[str, ...] = ("frontend", "http")):
+    def __init__(self, cmds: dict[str, list[str]], piped: tuple[str, ...] = ("frontend", "http"),
+                 env: dict[str, dict[str, str]] | None = None):
         self.cmds, self.piped = cmds, piped   # piped: whose stdout says when it is ready
+        # env: variables one child alone gets (the gateway's API keys, never on argv)
+        self.env = env or {}
         self.procs: dict[str, subprocess.Popen] = {}
         for name in cmds:   # cores and workers, then the frontend
             self.spawn(name)
 
     def spawn(self, name: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+        env.update(self.env.get(name, {}), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         out = subprocess.PIPE if name in self.piped else None
         # Own process groups: a terminal's Ctrl-C reaches serve alone, which then
         # drains the group in order; PDEATHSIG still ends them if serve dies.

@@ -33,6 +33,7 @@ from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
+from scripts.group.gateway_keys import add_key_args, gateway_env
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
 from scripts.group.procs import Children
@@ -94,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
                            " default: no gateway)")
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
+    security = p.add_argument_group("security")
+    add_key_args(security)
     scale = p.add_argument_group("scale-out")
     scale.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
@@ -162,6 +165,10 @@ def main(argv=None) -> int:
     if why := worker_problem(a):
         print(f"serve: {why}", file=sys.stderr)
         return 2
+    keys_env, why = gateway_env(a)
+    if why:
+        print(f"serve: {why}", file=sys.stderr)
+        return 2
     stop = {"sig": None}
     signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
     signal.signal(signal.SIGINT, lambda s, f: stop.update(sig=s))
@@ -170,7 +177,8 @@ def main(argv=None) -> int:
     log = None if a.no_log else (a.log or default_log())
     ipc = tempfile.mkdtemp(prefix="tl-")
     cores = tuple(core for core, _ in replica_names(a.dp))
-    group = Children(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"))
+    group = Children(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"),
+                     env={"http": keys_env})
     try:
         return (supervise_joined if a.join else supervise)(group, a, log, stop)
     finally:

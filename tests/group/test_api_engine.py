@@ -117,12 +117,13 @@ def test_metrics_point_into_the_log(client, group):
     r = client.generate(PROMPT, max_tokens=5, priority=7, user="alice", request_id="met-1")
     m = r.metrics
     assert set(m) == METRICS
-    assert m["log"] == str(group.log) and m["priority"] == 7 and m["preemptions"] == 0
+    assert m["log"] == group.log.name and m["priority"] == 7 and m["preemptions"] == 0
     assert 0 <= m["queue_ms"] and 0 <= m["ttft_ms"] <= m["e2e_ms"]
     assert m["cached_tokens"] == r.cached_tokens < len(r.prompt_token_ids)
     row = logged(group, "met-1")
     assert row["id"] == m["log_id"] and row["user"] == "alice"
-    out = subprocess.run([sys.executable, "-m", "replay", "request", m["log"], str(m["log_id"])],
+    path = group.log.parent / m["log"]   # the reply names the file, not the server's path
+    out = subprocess.run([sys.executable, "-m", "replay", "request", str(path), str(m["log_id"])],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "met-1" in out.stdout
 

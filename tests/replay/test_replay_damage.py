@@ -128,3 +128,11 @@ def test_diff_compares_the_requests(good, tmp_path, capsys):
     path = damaged(good, tmp_path, "UPDATE inputs SET step=step+1 WHERE kind='abort'")
     assert replay_main(["diff", str(good), str(path)]) == 1
     assert "inputs before step" in capsys.readouterr().out
+
+
+def test_a_log_from_before_the_optional_columns_still_reads(good, tmp_path, capsys):
+    """Logs made before `user`, `arrival_time` and `key_hash` existed lack those columns."""
+    path = damaged(good, tmp_path, *(f"ALTER TABLE requests DROP COLUMN {c}"
+                                     for c in ("user", "arrival_time", "key_hash")))
+    assert replay_main(["verify", str(path)]) == 0, capsys.readouterr()
+    assert replay_main(["request", str(path), "1"]) == 0

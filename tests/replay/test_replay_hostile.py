@@ -90,6 +90,9 @@ CASES = {
                       ["step 5: wall_time", "not a finite number"]),
     "inf arrival_time": (("requests", "arrival_time", "id=2", lambda _: float("inf")),
                          ["request 2: arrival_time", "not a finite number"]),
+    # an API key's short hash is bounded hex; anything else a log holds is damage
+    "key_hash not hex": (("requests", "key_hash", "id=2", lambda _: "K" * 100),
+                         ["request 2: key_hash", "hex digits"]),
     # finite but past any clock: the what-if fit overflowed on it
     "wall_time 1e300": (("steps", "wall_time", "step=5", lambda _: 1e300),
                         ["step 5: wall_time", "outside [0, 2**32)"]),
@@ -99,7 +102,8 @@ CASES = {
     "free_blocks 2**31": (("steps", "free_blocks", "step=5", lambda _: 2 ** 31),
                           ["step 5: free_blocks", "more than 64"]),
 }
-SCALARS = {"wall_time", "duration_ms", "arrival_time", "free_blocks"}   # columns that are not JSON
+# columns that are not JSON
+SCALARS = {"wall_time", "duration_ms", "arrival_time", "free_blocks", "key_hash"}
 
 
 def token(column: str, t: int):
