@@ -80,14 +80,29 @@ def env_keys(value: str | None) -> list[str]:
             for n, line in enumerate((value or "").splitlines(), 1) if line.strip()]
 
 
-def collect(flags: list[str] | None, env: str | None, path: str | None) -> list[str]:
+def collect(flags: list[str] | None, env: str | None, path: str | None,
+            protect_metrics: bool = False) -> list[str]:
     """Every configured key, deduplicated, in the order given; raises KeyProblem."""
     keys = [check_key(k, f"--api-key number {n}") for n, k in enumerate(flags or (), 1)]
     keys += env_keys(env)
     if path is not None:
         keys += file_keys(path)
+    if protect_metrics and not keys:
+        raise KeyProblem("--protect-metrics needs an API key")
     return list(dict.fromkeys(keys))
 
 
 def api_keys(keys: list[str]) -> ApiKeys:
     return ApiKeys(tuple(_digest(k) for k in keys))
+
+
+def add_key_args(group) -> None:
+    """The flags, for the gateway's parser and serve's "security" group alike."""
+    group.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                       help="a key clients must send as `Authorization: Bearer KEY` (repeatable;"
+                            f" ${ENV} and --api-key-file add more; a flag shows in `ps`, the"
+                            " other two do not)")
+    group.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="API keys, one per line (blank lines and # lines skipped)")
+    group.add_argument("--protect-metrics", action="store_true",
+                       help="/health and /metrics need an API key too")

@@ -31,7 +31,7 @@ from core.ipc.lifeline import die_with_parent
 from frontend.client import ClientError
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.http.pool import DEFAULT_CAP, ClientPool
-from frontend.http.api_keys import ENV, KeyProblem, api_keys, collect
+from frontend.http.api_keys import ENV, KeyProblem, add_key_args, api_keys, collect
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http.auth import Guard
 from frontend.http.chat import ChatTemplate
@@ -66,25 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
-    sec = p.add_argument_group("security")
-    sec.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                     help=f"a key clients must send as `Authorization: Bearer KEY` (repeatable;"
-                          f" ${ENV} and --api-key-file add more; a flag shows in `ps`)")
-    sec.add_argument("--api-key-file", default=None, metavar="PATH",
-                     help="keys, one per line (blank lines and # lines skipped)")
-    sec.add_argument("--protect-metrics", action="store_true",
-                     help="/health and /metrics need a key too")
+    add_key_args(p.add_argument_group("security"))
     return p.parse_args(argv)
 
 
 def guard_of(args: argparse.Namespace) -> Guard | None:
     """The keys the routes need, or None without any; raises KeyProblem."""
-    keys = collect(args.api_key, os.environ.get(ENV), args.api_key_file)
-    if not keys:
-        if args.protect_metrics:
-            raise KeyProblem("--protect-metrics needs an API key")
-        return None
-    return Guard(api_keys(keys), args.protect_metrics)
+    keys = collect(args.api_key, os.environ.get(ENV), args.api_key_file, args.protect_metrics)
+    return Guard(api_keys(keys), args.protect_metrics) if keys else None
 
 
 def bind(host: str, port: int) -> socket.socket:

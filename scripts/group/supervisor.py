@@ -33,7 +33,8 @@ from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
-from scripts.group.gateway_keys import add_key_args, gateway_env
+from frontend.http.api_keys import add_key_args
+from scripts.group.gateway_keys import gateway_env
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
 from scripts.group.procs import Children

@@ -196,3 +196,17 @@ def test_gateway_and_serve_refuse_to_start_on_an_empty_key_file(tmp_path):
                             "--api-key-file", str(tmp_path / "missing")],
                            capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert serve.returncode == 2 and "cannot read --api-key-file" in serve.stderr, serve.stderr
+
+
+def test_serve_hands_the_keys_to_the_gateway_in_its_environment(monkeypatch):
+    from scripts.group.gateway_keys import gateway_env
+    from scripts.group.supervisor import parse
+    monkeypatch.delenv("TL_API_KEY", raising=False)
+    assert gateway_env(parse(["--http-port", "0", "--api-key", "a", "--api-key", "b",
+                              "--api-key", "a"])) == ({"TL_API_KEY": "a\nb"}, None)
+    assert gateway_env(parse(["--http-port", "0"])) == ({}, None)
+    assert "--http-port" in gateway_env(parse(["--api-key", "a"]))[1]
+    assert "needs an API key" in gateway_env(parse(["--http-port", "0",
+                                                    "--protect-metrics"]))[1]
+    monkeypatch.setenv("TL_API_KEY", "has space")
+    assert "$TL_API_KEY" in gateway_env(parse(["--http-port", "0"]))[1]
