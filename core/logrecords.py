@@ -47,8 +47,9 @@ def clock_column():
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """A request, written in two parts (core/logsql.py): every column but FINISH at
-    admission, FINISH when it ends (NULL until then). Logs made before `user` and
-    `arrival_time` existed lack those columns (replay/logfile.py reads them as NULL)."""
+    admission, FINISH when it ends (NULL until then). Logs made before `user`,
+    `arrival_time` and `cache_salt` existed lack those columns (replay/logfile.py reads them
+    as NULL)."""
     table: ClassVar[str] = "requests"
     key: ClassVar[str] = "id"
     FINISH: ClassVar[tuple] = ("finish_step", "finish_reason", "output_tokens")
@@ -65,6 +66,7 @@ class RequestRecord:
     output_tokens: list | None = json_column()
     user: str | None
     arrival_time: float | None        # wall clock when the core read the request
+    cache_salt: str | None            # the digest the frontend sent (never a raw salt)
 
 
 @dataclass(frozen=True, slots=True)

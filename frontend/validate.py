@@ -11,10 +11,10 @@ import math
 from typing import Sequence
 
 from core.ipc.protocol import Generate, ModelInfo
-from frontend.limits import (INT32_MAX, MAX_LOGPROBS, MAX_PENALTY, MAX_PRIORITY,
-                             MAX_REPETITION_PENALTY, MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS,
-                             MAX_STOP_TOKEN_IDS, MAX_STOPS, MAX_TEMPERATURE, MAX_USER_CHARS,
-                             MIN_TEMPERATURE, SEED_LIMIT)
+from frontend.limits import (INT32_MAX, MAX_CACHE_SALT_CHARS, MAX_LOGPROBS, MAX_PENALTY,
+                             MAX_PRIORITY, MAX_REPETITION_PENALTY, MAX_REQUEST_ID_CHARS,
+                             MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS, MAX_TEMPERATURE,
+                             MAX_USER_CHARS, MIN_TEMPERATURE, SEED_LIMIT)
 
 
 class InvalidField(ValueError):
@@ -54,6 +54,7 @@ def check_fields(req, max_model_len: int | None = None, vocab_size: int | None =
     if req.stop is not None:
         _stops(req.stop)
     _processors(req, vocab_size)
+    _cache_salt(getattr(req, "cache_salt", None))
 
 
 def _processors(req, vocab_size: int | None) -> None:
@@ -76,6 +77,12 @@ def _processors(req, vocab_size: int | None) -> None:
         _int_in("stop_token_ids", t, 0, (vocab_size or INT32_MAX + 1) - 1)
     if req.user is not None and len(req.user) > MAX_USER_CHARS:
         raise InvalidField(f"user must be at most {MAX_USER_CHARS} characters", "user")
+
+
+def _cache_salt(salt: str | None) -> None:
+    if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise InvalidField(f"cache_salt must be a non-empty string of at most "
+                           f"{MAX_CACHE_SALT_CHARS} characters", "cache_salt")
 
 
 def _real_in(name: str, value: float, lo: float, hi: float) -> None:

@@ -118,6 +118,8 @@ class Generate:
     # structured outputs (docs/structured.md): OpenAI's and vLLM's objects, at most one
     response_format: dict | None = None
     structured_outputs: dict | None = None
+    # only requests of equal salt share prefix cache blocks (docs/security.md)
+    cache_salt: str | None = None
 
 
 @message("abort")
@@ -180,6 +182,8 @@ class AddRequest:
     sampling: SamplingParams
     ignore_eos: bool = False
     user: str | None = None
+    # a digest of the request's salts (frontend/cache_salt.py), never the raw salt
+    cache_salt: str | None = None
 
 
 @message("abort_req")

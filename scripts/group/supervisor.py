@@ -32,6 +32,7 @@ from core.ipc.channel import is_loopback
 from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
+from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
@@ -94,6 +95,11 @@ def parser() -> argparse.ArgumentParser:
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
                            " default: no gateway)")
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
+    security = p.add_argument_group("security")
+    security.add_argument("--prefix-cache-scope", choices=SCOPES, default="global",
+                          help="which requests share prefix cache blocks: global (all, but a"
+                               " request's cache_salt), user (per user field), key (per API"
+                               " key) (docs/security.md)")
     scale = p.add_argument_group("scale-out")
     scale.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
