@@ -45,13 +45,15 @@ class PrefixHooks(Protocol):
     scheduler uses them when its BlockSpace has them all (docs/DESIGN.md#prefix-cache)."""
 
     def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0,
-                 lookup: bool = True) -> Allocation:
+                 lookup: bool = True, salt: str | None = None) -> Allocation:
         """As BlockSpace.allocate; `priority` ranks id's blocks for eviction once unused;
-        lookup=False takes no cached blocks (a request that must compute every position)."""
+        lookup=False takes no cached blocks (a request that must compute every position);
+        only requests of equal `salt` share blocks (docs/security.md)."""
         ...
 
-    def cached_prefix(self, tokens: Sequence[int]) -> int:
-        """The cached_tokens that allocate(tokens) would return now; changes nothing."""
+    def cached_prefix(self, tokens: Sequence[int], salt: str | None = None) -> int:
+        """The cached_tokens that allocate(tokens, salt=salt) would return now; changes
+        nothing."""
         ...
 
     def computed(self, id: Hashable, tokens: Sequence[int], upto: int) -> None:

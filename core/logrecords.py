@@ -48,7 +48,7 @@ def clock_column():
 class RequestRecord:
     """A request, written in two parts (core/logsql.py): every column but FINISH at
     admission, FINISH when it ends (NULL until then). Logs made before `user`,
-    `arrival_time` and `key_hash` existed lack those columns (replay/logfile.py reads them
+    `arrival_time`, `key_hash` and `cache_salt` existed lack those columns (replay/logfile.py reads them
     as NULL)."""
     table: ClassVar[str] = "requests"
     key: ClassVar[str] = "id"
@@ -67,6 +67,7 @@ class RequestRecord:
     user: str | None
     arrival_time: float | None        # wall clock when the core read the request
     key_hash: str | None              # the API key's short hash (never the key), or NULL
+    cache_salt: str | None            # the digest the frontend sent (never a raw salt)
 
 
 @dataclass(frozen=True, slots=True)

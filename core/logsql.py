@@ -32,9 +32,9 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _write_request(conn, p) -> None:
-    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling, user, at, key = p
+    seq_id, request_id, arrival, prompt, max_tokens, priority, sampling, user, at, key, salt = p
     conn.execute(admission_sql(), (seq_id, request_id, arrival, json.dumps(prompt), max_tokens,
-                                   priority, json.dumps(sampling), user, at, key))
+                                   priority, json.dumps(sampling), user, at, key, salt))
 
 
 def _write_finish(conn, p) -> None:

@@ -14,6 +14,14 @@ _ROOT = bytes(16)  # the parent key of a first block; as long as every key, so n
 _EMPTY: tuple[int, ...] = ()
 
 
+def chain_root(salt: str | None) -> bytes:
+    """The parent key of a request's first block: _ROOT unsalted, else a digest of the salt,
+    so requests of different salts share no key, hence no block (docs/security.md)."""
+    if salt is None:
+        return _ROOT
+    return blake2b(b"salt\0" + salt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
     """A full block's key: chained over its parent's, so equal keys mean equal prefixes.
     blake2b, not hash(): identical across processes, runs and Python versions."""
@@ -46,7 +54,7 @@ class PrefixCacheBlocks:
         self._done: dict[Hashable, tuple[int, bytes]] = {}  # id -> (blocks settled, last key)
         self._req_prio: dict[Hashable, int] = {}
         self._clock = 0  # logical: one tick per block unreferenced
-        self._memo: tuple[Sequence[int] | None, list[bytes]] = (None, [])  # see _chain
+        self._memo: tuple[Sequence[int] | None, bytes, list[bytes]] = (None, _ROOT, [])  # _chain
         self.prefix_query_tokens = 0           # tokens looked up by successful allocations
         self.prefix_hit_tokens = 0             # of those, found cached (every hit)
         self.prefix_recompute_hit_tokens = 0   # of the hits, on blocks the request computed
@@ -68,13 +76,15 @@ class PrefixCacheBlocks:
         return len(self._handle)
 
     def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0,
-                 lookup: bool = True) -> Allocation:
+                 lookup: bool = True, salt: str | None = None) -> Allocation:
         """The longest cached prefix of full blocks, capped before the last token (whose K/V
         must go to a block id owns alone), plus fresh blocks; all or nothing. lookup=False:
-        fresh blocks only (they are still cached for others as they are computed)."""
+        fresh blocks only (they are still cached for others as they are computed). salt:
+        the chain starts from chain_root(salt), so only equal salts share blocks."""
         if id in self._tables:
             raise ValueError(f"request {id!r} already holds blocks")
-        hits, parent = self._lookup(tokens) if lookup else ([], _ROOT)
+        root = chain_root(salt)
+        hits, parent = self._lookup(tokens, root) if lookup else ([], root)
         fresh = -(-len(tokens) // self._B) - len(hits)
         revived = sum(b in self._handle for b in hits)
         if fresh > self.free_blocks() - revived:
@@ -117,8 +127,8 @@ class PrefixCacheBlocks:
 
     # ------------------------------------------------------------------ PrefixHooks
 
-    def cached_prefix(self, tokens: Sequence[int]) -> int:
-        return len(self._lookup(tokens)[0]) * self._B
+    def cached_prefix(self, tokens: Sequence[int], salt: str | None = None) -> int:
+        return len(self._lookup(tokens, chain_root(salt))[0]) * self._B
 
     def computed(self, id: Hashable, tokens: Sequence[int], upto: int) -> None:
         table = self._tables.get(id)
@@ -156,11 +166,11 @@ class PrefixCacheBlocks:
 
     # ------------------------------------------------------------------ internals
 
-    def _lookup(self, tokens: Sequence[int]) -> tuple[list[int], bytes]:
+    def _lookup(self, tokens: Sequence[int], root: bytes) -> tuple[list[int], bytes]:
         cached = self._block
         hits: list[int] = []
-        parent = _ROOT
-        for key in self._chain(tokens):
+        parent = root
+        for key in self._chain(tokens, root):
             b = cached.get(key)
             if b is None:
                 break
@@ -168,20 +178,20 @@ class PrefixCacheBlocks:
             parent = key
         return hits, parent
 
-    def _chain(self, tokens: Sequence[int]) -> list[bytes]:
-        """The keys of tokens' full blocks before position n-1 (always computed). The last
-        list's chain is kept: admission looks the waiting head up twice (cached_prefix, then
-        allocate), and again every step it waits. The scheduler's token lists only grow, so
-        a kept chain is a prefix of the list's chain now."""
+    def _chain(self, tokens: Sequence[int], root: bytes) -> list[bytes]:
+        """The keys of tokens' full blocks before position n-1 (always computed), chained
+        from root. The last list's chain is kept: admission looks the waiting head up twice
+        (cached_prefix, then allocate), and again every step it waits. The scheduler's token
+        lists only grow, so a kept chain of the same root is a prefix of the chain now."""
         B, n = self._B, (len(tokens) - 1) // self._B
-        memo, keys = self._memo
-        if memo is not tokens:
+        memo, memo_root, keys = self._memo
+        if memo is not tokens or memo_root != root:
             keys = []
-        parent = keys[-1] if keys else _ROOT
+        parent = keys[-1] if keys else root
         for i in range(len(keys), n):
             parent = block_key(parent, tokens[i * B:(i + 1) * B])
             keys.append(parent)
-        self._memo = (tokens, keys)
+        self._memo = (tokens, root, keys)
         return keys[:n]
 
     def _hold(self, b: int, priority: int) -> None:

@@ -211,7 +211,8 @@ class CoreLoop:
         if held is not None:   # never two sequences under one fid: the newest is the live one
             _log(f"request {msg.fid} sent again: aborting its earlier copy")
             self.drop(held)
-        req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority)
+        req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority,
+                      cache_salt=msg.cache_salt)
         try:
             seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
                                      request_id=msg.request_id, user=msg.user,

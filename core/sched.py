@@ -17,9 +17,9 @@ from core.heap import LazyHeap
 from core.prefill import Chunked, PrefillPolicy, WholePrompt
 from core.prefix_cache import PrefixCacheBlocks
 from core.sched_types import (AdmitError, Chunk, EmptyPrompt, FinishReason, Finished,
-                               InvalidRequest, MAX_PRIORITY, NeverFits, QueueFull, Request,
-                               RequestId, SchedPolicy, SchedStats, SchedulerConfig, ScheduleOutput,
-                               StepOutput, TokenEvent, TooLong)
+                               InvalidRequest, MAX_CACHE_SALT_CHARS, MAX_PRIORITY, NeverFits,
+                               QueueFull, Request, RequestId, SchedPolicy, SchedStats,
+                               SchedulerConfig, ScheduleOutput, StepOutput, TokenEvent, TooLong)
 
 __all__ = [
     "RequestId", "BlockSpace", "FreeListBlocks", "NoCapacity", "Allocation", "PrefixHooks",
@@ -33,7 +33,8 @@ __all__ = [
 
 class _Req:
     __slots__ = ("id", "tokens", "n", "c", "prompt_len", "max_tokens", "key", "arrival",
-                 "limit", "rank", "handle", "running", "sample_at", "ahead", "cache_hits")
+                 "limit", "rank", "handle", "running", "sample_at", "ahead", "cache_hits",
+                 "salt")
 
     def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
                  key: int, arrival: int):
@@ -52,6 +53,7 @@ class _Req:
         self.sample_at = -1         # the step whose output may carry this request's token
         self.ahead = -1             # the step whose token is tokens[-1], a placeholder till settled
         self.cache_hits = True      # admission may skip positions the prefix cache holds
+        self.salt: str | None = None  # its prefix cache blocks are shared only within a salt
 
 
 _RANK = attrgetter("rank")
@@ -78,6 +80,10 @@ def _validated_prompt(req: object) -> list[int]:
     if not _is_int(req.priority) or not -MAX_PRIORITY <= req.priority <= MAX_PRIORITY:
         raise InvalidRequest(f"priority must be an int in [-{MAX_PRIORITY}, {MAX_PRIORITY}], "
                              f"got {req.priority!r}", "priority")
+    salt = req.cache_salt
+    if salt is not None and (type(salt) is not str or len(salt) > MAX_CACHE_SALT_CHARS):
+        raise InvalidRequest(f"cache_salt must be a string of at most {MAX_CACHE_SALT_CHARS} "
+                             "characters", "cache_salt")
     return tokens
 
 
@@ -147,6 +153,7 @@ class Scheduler:
         r = _Req(seq_id, tokens, req.max_tokens, cfg.max_model_len,
                  self._key(req.priority, self._steps), self._steps)
         r.cache_hits = bool(req.cache_hits)
+        r.salt = req.cache_salt
         self._reqs[seq_id] = r
         r.handle = self._waiting.push(r.rank, r)
         return seq_id
@@ -308,15 +315,13 @@ class Scheduler:
         """Positions a prefix hit would skip now: the policy sizes only computed tokens."""
         if self._prefix is None or not r.cache_hits:
             return 0
-        return self._prefix.cached_prefix(r.tokens)
+        return self._prefix.cached_prefix(r.tokens, r.salt)
 
     def _allocate(self, r: _Req) -> Allocation:
         if self._prefix is None:
             return self.blocks.allocate(r.id, r.tokens)
-        if r.cache_hits:
-            return self._prefix.allocate(r.id, r.tokens, priority=self._evict_priority(r))
         return self._prefix.allocate(r.id, r.tokens, priority=self._evict_priority(r),
-                                     lookup=False)
+                                     lookup=r.cache_hits, salt=r.salt)
 
     def _evict_priority(self, r: _Req) -> int:
         """The priority level, not the aged key: with aging the key falls with arrival,

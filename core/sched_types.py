@@ -12,6 +12,9 @@ RequestId = int
 # Priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]: by the scheduler, and before it
 # by the frontend and the gateway (frontend/limits.py). Keep this module import-light.
 MAX_PRIORITY = 1000
+# A request's cache_salt: the frontend sends a 16-character digest of it; a client's raw
+# salt is held to the same bound (frontend/validate.py).
+MAX_CACHE_SALT_CHARS = 256
 
 
 class SchedPolicy(Enum):
@@ -58,6 +61,7 @@ class Request:
     max_tokens: int
     priority: int = 0
     cache_hits: bool = True   # False: admission computes every position (prompt logprobs)
+    cache_salt: str | None = None   # only requests of equal salt share cached blocks
 
 
 class AdmitError(Exception):

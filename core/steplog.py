@@ -99,7 +99,7 @@ class StepLog:
         at = time.time() if arrival_time is None else arrival_time
         self._pending.append(("req", (seq_id, request_id, arrival, list(req.prompt),
                                       req.max_tokens, req.priority, doc, user, at,
-                                      key_hash)))
+                                      key_hash, req.cache_salt)))
 
     def input(self, step, kind, seq_id):
         # Inputs arrive in step order, so one counter for the current step suffices.

@@ -16,6 +16,7 @@ import zmq
 from core.ipc.channel import is_loopback
 from core.ipc.lifeline import die_with_parent, exit_now
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
+from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from frontend.process import Frontend, FrontendConfig
 
@@ -40,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests one client may have unfinished at once (more get 429)")
     p.add_argument("--max-compile-ms", type=int, default=DEFAULT_MAX_COMPILE_MS,
                    help="a constraint whose compile takes longer is refused (400)")
+    p.add_argument("--prefix-cache-scope", choices=SCOPES, default="global",
+                   help="which requests share prefix cache blocks (docs/security.md)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         fe = Frontend(FrontendConfig(list(zip(args.core_in, args.core_out)), args.address,
                                      args.max_frame_bytes, args.drain_timeout,
                                      args.max_inflight_per_client, args.replica_address,
-                                     args.max_compile_ms))
+                                     args.max_compile_ms, args.prefix_cache_scope))
     except zmq.ZMQError as e:
         print(f"frontend: cannot open {args.address} or {args.replica_address}: {e}",
               file=sys.stderr)

@@ -8,6 +8,7 @@ the model's own bounds (max_model_len, vocab_size) come from its ModelInfo.
 from __future__ import annotations
 
 from core.sched_types import MAX_PRIORITY  # noqa: F401  (re-exported: priority in [-MAX_PRIORITY, MAX_PRIORITY])
+from core.sched_types import MAX_CACHE_SALT_CHARS  # noqa: F401  (re-exported: a cache_salt's length)
 
 INT32_MAX = 2 ** 31 - 1          # top_k travels as int32 (core/batch.py)
 SEED_LIMIT = 2 ** 63             # seeds travel as int64; [0, 2**63)

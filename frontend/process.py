@@ -24,6 +24,7 @@ from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, 
                                AddRequest, Delta, Drain, ErrorReply, Generate, Hello, I32,
                                ModelInfo, Ping, Pong, ProtocolError, Stats)
 from core.ipc.wire import peek_request_id
+from frontend.cache_salt import salt_digest
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.core_side import CORE_DIED, CoreSide
 from frontend.prompts import PromptSide
@@ -60,6 +61,7 @@ class FrontendConfig:
     max_inflight_per_client: int = 1024
     replica_address: str | None = None   # where replicas may join (frontend/joins.py)
     max_compile_ms: int = DEFAULT_MAX_COMPILE_MS   # a constraint's compile bound
+    prefix_cache_scope: str = "global"   # which salts a request gets (frontend/cache_salt.py)
 
 
 class Frontend(CoreSide, PromptSide):
@@ -247,7 +249,7 @@ class Frontend(CoreSide, PromptSide):
         seed = failover_seed(msg, ident) if self.several else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
                             sampling_of(msg, seed), msg.ignore_eos, msg.user,
-                            msg.key_hash)
+                            msg.key_hash, salt_digest(msg, self.cfg.prefix_cache_scope))
         if not self._dispatch(st):
             return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
         self.inflight.add(st)

@@ -12,10 +12,10 @@ import re
 from typing import Sequence
 
 from core.ipc.protocol import Generate, ModelInfo
-from frontend.limits import (INT32_MAX, MAX_KEY_HASH_CHARS, MAX_LOGPROBS, MAX_PENALTY,
-                             MAX_PRIORITY, MAX_REPETITION_PENALTY, MAX_REQUEST_ID_CHARS,
-                             MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS, MAX_TEMPERATURE,
-                             MAX_USER_CHARS, MIN_TEMPERATURE, SEED_LIMIT)
+from frontend.limits import (INT32_MAX, MAX_CACHE_SALT_CHARS, MAX_KEY_HASH_CHARS,
+                             MAX_LOGPROBS, MAX_PENALTY, MAX_PRIORITY, MAX_REPETITION_PENALTY,
+                             MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS,
+                             MAX_TEMPERATURE, MAX_USER_CHARS, MIN_TEMPERATURE, SEED_LIMIT)
 
 _KEY_HASH = re.compile(f"[0-9a-f]{{1,{MAX_KEY_HASH_CHARS}}}")
 
@@ -57,6 +57,7 @@ def check_fields(req, max_model_len: int | None = None, vocab_size: int | None =
     if req.stop is not None:
         _stops(req.stop)
     _processors(req, vocab_size)
+    _cache_salt(getattr(req, "cache_salt", None))
 
 
 def _processors(req, vocab_size: int | None) -> None:
@@ -83,6 +84,12 @@ def _processors(req, vocab_size: int | None) -> None:
     if key_hash is not None and not _KEY_HASH.fullmatch(key_hash):
         raise InvalidField(f"key_hash must be 1 to {MAX_KEY_HASH_CHARS} lower-case hex digits",
                            "key_hash")
+
+
+def _cache_salt(salt: str | None) -> None:
+    if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise InvalidField(f"cache_salt must be a non-empty string of at most "
+                           f"{MAX_CACHE_SALT_CHARS} characters", "cache_salt")
 
 
 def _real_in(name: str, value: float, lo: float, hi: float) -> None:

@@ -11,7 +11,7 @@ from core.logrecords import (OPTIONAL_TABLES, READABLE_FORMATS, TABLES, Gap, Inp
 
 # logs made before these columns existed lack them
 OPTIONAL_COLUMNS = {("requests", "user"), ("requests", "arrival_time"),
-                    ("requests", "key_hash")}
+                    ("requests", "key_hash"), ("requests", "cache_salt")}
 from replay.damage import DamagedLog, parsed
 from replay.rows import check_meta, gap_message, input_row, prompt_row, request_row, step_row
 

@@ -50,7 +50,8 @@ def rerun(log: LogFile, seq_id: int, runner) -> Rerun:
     ignore_eos = s.pop("ignore_eos", False)
     engine = engine_from_meta(log.meta, runner)
     try:
-        engine.add(Request(list(r["prompt_tokens"]), max(1, len(logged)), r["priority"]),
+        engine.add(Request(list(r["prompt_tokens"]), max(1, len(logged)), r["priority"],
+                           cache_salt=r["cache_salt"]),
                    SamplingParams(**s), ignore_eos=ignore_eos)
     except AdmitError as e:
         raise DamagedLog(f"{log.path}: request {seq_id} cannot run again: an engine"

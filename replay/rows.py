@@ -7,7 +7,7 @@ from operator import itemgetter
 from core.ipc.protocol import CONSTRAINT_KINDS
 from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
-from core.sched_types import FINISH_REASONS
+from core.sched_types import FINISH_REASONS, MAX_CACHE_SALT_CHARS
 from replay.bounds import Bounds, check_request, meta_bounds
 from replay.damage import (DamagedLog, boolean, clock, int_list, integer, mapping, number,
                            one_of, optional, parsed, rows, text, within)
@@ -104,9 +104,17 @@ def request_row(r: dict, b: Bounds) -> dict:
                parsed(out, f"{w} output_tokens"), f"{w} output_tokens"),
            "user": optional(text, r.get("user"), f"{w} user"),
            "arrival_time": optional(clock, r.get("arrival_time"), f"{w} arrival_time"),
-           "key_hash": optional(text, r.get("key_hash"), f"{w} key_hash")}
+           "key_hash": optional(text, r.get("key_hash"), f"{w} key_hash"),
+           "cache_salt": optional(_salt, r.get("cache_salt"), f"{w} cache_salt")}
     check_request(row, b, w)
     return row
+
+
+def _salt(v, where: str) -> str:
+    """The digest of a request's cache salts, as long as the scheduler takes one."""
+    if len(text(v, where)) > MAX_CACHE_SALT_CHARS:
+        raise DamagedLog(f"{where} is {len(v)} characters, over {MAX_CACHE_SALT_CHARS}")
+    return v
 
 
 def _sampling(doc, where: str) -> dict:

@@ -93,7 +93,7 @@ def simulate(sched: Scheduler, reqs: list[TraceRequest], timer,
             i += 1
             try:
                 req_of[sched.add(Request(list(r.prompt), len(r.output), r.priority,
-                                         r.cache_hits))] = r
+                                         r.cache_hits, r.cache_salt))] = r
             except AdmitError as e:
                 out.refused.append((r.id, str(e)))
         if not sched.has_unfinished():

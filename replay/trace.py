@@ -32,6 +32,7 @@ class TraceRequest:
     output: tuple[int, ...]  # the tokens it generates; its length is the request's length
     priority: int = 0
     cache_hits: bool = True  # False: it asked for prompt logprobs (docs/DESIGN.md, "Prompt logprobs")
+    cache_salt: str | None = None  # shares cached blocks only within its salt (from a log)
 
 
 def from_log(log: LogFile, rec: Recorded) -> list[TraceRequest]:
@@ -41,7 +42,8 @@ def from_log(log: LogFile, rec: Recorded) -> list[TraceRequest]:
         if tokens and seq_id in rec.arrivals:
             out.append(TraceRequest(seq_id, rec.arrivals[seq_id], tuple(r["prompt_tokens"]),
                                     tuple(tokens), r["priority"],
-                                    r["sampling"].get("prompt_logprobs") is None))
+                                    r["sampling"].get("prompt_logprobs") is None,
+                                    r["cache_salt"]))
     if not out:
         raise TraceError(f"{log.path}: no request generated a token; there is no traffic to"
                          " simulate")

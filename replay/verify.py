@@ -36,7 +36,8 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
             s = dict(r["sampling"])
             ignore_eos = s.pop("ignore_eos", False)
             try:
-                got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"]),
+                got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"],
+                                         cache_salt=r["cache_salt"]),
                                  SamplingParams(**s), ignore_eos=ignore_eos,
                                  request_id=r["client_request_id"] or "")
             except AdmitError as e:

@@ -2,12 +2,21 @@
 step log must then verify (every end-to-end run is also a replay test)."""
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from scripts.group.harness import Group, start_group
+
+
+def snapshot_log(log: Path, dst: Path) -> Path:
+    """A consistent copy of a live group's step log (SQLite backup), for replay to read."""
+    with sqlite3.connect(f"file:{log}?mode=ro", uri=True) as src, sqlite3.connect(dst) as out:
+        src.backup(out)
+    return dst
 
 
 def verify_log(path, *extra) -> subprocess.CompletedProcess:

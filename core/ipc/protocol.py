@@ -120,6 +120,8 @@ class Generate:
     structured_outputs: dict | None = None
     # the gateway's: the short hash of the API key that sent it (frontend/http/identity.py)
     key_hash: str | None = None
+    # only requests of equal salt share prefix cache blocks (docs/security.md)
+    cache_salt: str | None = None
 
 
 @message("abort")
@@ -183,6 +185,8 @@ class AddRequest:
     ignore_eos: bool = False
     user: str | None = None
     key_hash: str | None = None   # Generate's, for the step log
+    # a digest of the request's salts (frontend/cache_salt.py), never the raw salt
+    cache_salt: str | None = None
 
 
 @message("abort_req")

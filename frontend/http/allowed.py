@@ -18,7 +18,8 @@ _COMMON = {"model", "n", "stream", "stream_options", "temperature", "top_p", "se
            "max_tokens", "presence_penalty", "frequency_penalty", "user", "logit_bias",
            "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
            "include_stop_str_in_output", "skip_special_tokens", "ignore_eos",
-           "add_special_tokens", "priority", "response_format", "structured_outputs"}
+           "add_special_tokens", "priority", "response_format", "structured_outputs",
+           "cache_salt"}
 COMPLETION = frozenset(_COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix",
                                   "prompt_logprobs"})
 CHAT = frozenset(_COMMON | {"prompt_logprobs",

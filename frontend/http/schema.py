@@ -221,7 +221,8 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
         add_special_tokens=get(body, "add_special_tokens", BOOL, add_special_tokens),
         user=get(body, "user", STR), max_tokens_must_fit=explicit,
         prompt_logprobs=prompt_logprobs, response_format=body.get("response_format"),
-        structured_outputs=body.get("structured_outputs"))
+        structured_outputs=body.get("structured_outputs"),
+        cache_salt=get(body, "cache_salt", STR))
 
 
 def _top_k(body: dict) -> int:

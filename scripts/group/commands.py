@@ -95,7 +95,8 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
     frontend += ["--max-frame-bytes", str(a.max_frame_bytes),
                  "--drain-timeout", str(a.drain_timeout),
                  "--max-inflight-per-client", str(a.max_inflight_per_client),
-                 "--max-compile-ms", str(a.max_compile_ms)]
+                 "--max-compile-ms", str(a.max_compile_ms),
+                 "--prefix-cache-scope", a.prefix_cache_scope]
     if a.allow_remote:
         frontend.append("--allow-remote")
     if a.replica_address:

@@ -32,6 +32,7 @@ from core.ipc.channel import is_loopback
 from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
+from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from frontend.http.api_keys import add_key_args
 from scripts.group.gateway_keys import gateway_env
@@ -98,6 +99,10 @@ def parser() -> argparse.ArgumentParser:
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
     security = p.add_argument_group("security")
     add_key_args(security)
+    security.add_argument("--prefix-cache-scope", choices=SCOPES, default="global",
+                          help="which requests share prefix cache blocks: global (all, but a"
+                               " request's cache_salt), user (per user field), key (per API"
+                               " key) (docs/security.md)")
     scale = p.add_argument_group("scale-out")
     scale.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")

@@ -21,9 +21,9 @@ class Checked(PrefixCacheBlocks):
 
     evictions = 0
 
-    def allocate(self, id, tokens, priority=0):
+    def allocate(self, id, tokens, priority=0, **kw):
         try:
-            return super().allocate(id, tokens, priority)
+            return super().allocate(id, tokens, priority, **kw)
         finally:
             check(self)
 

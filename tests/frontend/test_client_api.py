@@ -41,7 +41,8 @@ KEYWORD_PARAMS = {"logprobs": None, "min_p": 0.0, "presence_penalty": 0.0,
                   "stop_token_ids": None, "include_stop_str_in_output": False,
                   "skip_special_tokens": True, "add_special_tokens": True, "user": None,
                   "max_tokens_must_fit": False, "prompt_logprobs": None,
-                  "response_format": None, "structured_outputs": None, "key_hash": None}
+                  "response_format": None, "structured_outputs": None, "key_hash": None,
+                  "cache_salt": None}
 REQUEST_METHODS = [Client.generate, Client.stream, AsyncClient.generate, AsyncClient.stream]
 
 

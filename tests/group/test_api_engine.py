@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from frontend.client import Client
-from tests.conftest import verify_log
+from tests.conftest import snapshot_log, verify_log
 from frontend.tokenizer import Tokenizer
 from worker.load import resolve_model
 from worker.preset_tokenizer import build_tokenizer
@@ -160,10 +160,7 @@ def test_replay_with_the_model_reproduces_penalties_logprobs_and_siblings(client
     for i in range(3):
         client.generate(PROMPT, seed=100 + i, request_id=f"sib-{i}", **kw)
     logged(group, "sib-2")
-    snapshot = tmp_path / "snapshot.db"
-    with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as src, \
-            sqlite3.connect(snapshot) as dst:
-        src.backup(dst)
+    snapshot = snapshot_log(group.log, tmp_path / "snapshot.db")
     r = verify_log(snapshot, "--with-model")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "with the model on cpu, float32" in r.stdout

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from frontend.client import AsyncClient, Client, ClientError
-from tests.conftest import verify_log
+from tests.conftest import snapshot_log, verify_log
 from tests.frontend.test_http import http
 from tests.waiting import wait_until
 from worker.load import resolve_model
@@ -191,10 +191,7 @@ def test_the_log_replays_with_the_model(group, tmp_path):
             return conn.execute("SELECT count(*) FROM requests WHERE finish_reason IS NULL"
                                  ).fetchone()[0] == 0
     wait_until(settled, 10)
-    snapshot = tmp_path / "snapshot.db"
-    with sqlite3.connect(f"file:{group.log}?mode=ro", uri=True) as src, \
-            sqlite3.connect(snapshot) as dst:
-        src.backup(dst)
+    snapshot = snapshot_log(group.log, tmp_path / "snapshot.db")
     with sqlite3.connect(snapshot) as conn:
         assert conn.execute("SELECT count(*) FROM prompt_logprobs").fetchone()[0] > 5
     r = verify_log(snapshot, "--with-model")
