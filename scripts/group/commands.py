@@ -109,6 +109,8 @@ def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[s
            "--drain-timeout", str(a.drain_timeout),
            "--max-inflight-per-client", str(a.max_inflight_per_client),
            "--max-compile-ms", str(a.max_compile_ms)]
+    if a.allow_special_tokens:
+        cmd.append("--allow-special-tokens")
     return cmd + (["--allow-remote"] if a.allow_remote else [])
 
 

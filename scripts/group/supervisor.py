@@ -94,6 +94,11 @@ def parser() -> argparse.ArgumentParser:
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
                            " default: no gateway)")
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
+    security = p.add_argument_group("security")
+    security.add_argument("--allow-special-tokens", action="store_true",
+                          help="a chat message's text that spells a special token of the model"
+                               " is that control token (default: read as text; "
+                               "docs/security.md)")
     scale = p.add_argument_group("scale-out")
     scale.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
