@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from aiohttp import web
@@ -170,6 +170,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body, priority = await _body(request)
     # No max_tokens: run to the context limit (the engine ends such a request "length").
     gen = parse_chat(body, priority, gw.chat, gw.max_model_len, gw.max_model_len, gw.compiles)
+    if gen.forged is not None:   # tokenized here: the frontend would read them as control tokens
+        ids = await gw.offload.run(identity(request), gw.chat.ids, gen.forged,
+                                   gen.msg.add_special_tokens)
+        gen.msg = replace(gen.msg, prompt=ids)
     return await generate(request, gw.client_for(request), gen,
                           chat_format(gw.model, gen, gw.tokens, gw.chat), gw.metrics)
 
@@ -178,7 +182,7 @@ async def tokenize_route(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     body, _ = await _body(request)
     return web.json_response(await gw.offload.run(
-        identity(request), tokenize, gw.tokens, body, gw.chat.render, gw.max_model_len))
+        identity(request), tokenize, gw.tokens, body, gw.chat, gw.max_model_len))
 
 
 async def detokenize_route(request: web.Request) -> web.Response:

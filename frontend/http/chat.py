@@ -3,24 +3,33 @@
 The tokenizer comes from the directory the worker reported (stats()["tokenizer"]; "null"
 reports the tiny preset's). A tokenizer without a chat template gets a built-in ChatML one
 (core/chatml.py: the presets ship the same one).
+
+Roles are checked (chat_roles.py), and a special token's text inside a user string is read
+as text, not as a control token (chat_special.py), unless the operator passed
+`--allow-special-tokens`.
 """
 from __future__ import annotations
 
 import os
 
 from core.chatml import CHATML_TEMPLATE
+from frontend.http.chat_roles import check_roles, template_roles
+from frontend.http.chat_special import ChatPrompt, Marks, prompt_ids, special_texts
 from frontend.http.errors import ApiError
 from frontend.http.tool_messages import (has_tool_parts, hermes_messages, knows_tools,
                                           tool_format)
 
 
 class ChatTemplate:
-    def __init__(self, hf_tokenizer, builtin: bool):
+    def __init__(self, hf_tokenizer, builtin: bool, allow_special_tokens: bool = False):
         self._hf = hf_tokenizer
         self.builtin = builtin  # True when the tokenizer had no template of its own
+        # the operator's --allow-special-tokens: user strings' special tokens stay control tokens
+        self.allow_special_tokens = allow_special_tokens
+        self._specials = () if allow_special_tokens else special_texts(hf_tokenizer)
 
     @classmethod
-    def load(cls, tokenizer_dir: str) -> ChatTemplate:
+    def load(cls, tokenizer_dir: str, allow_special_tokens: bool = False) -> ChatTemplate:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoTokenizer
@@ -28,7 +37,7 @@ class ChatTemplate:
         builtin = not getattr(hf, "chat_template", None)
         if builtin:
             hf.chat_template = CHATML_TEMPLATE
-        return cls(hf, builtin)
+        return cls(hf, builtin, allow_special_tokens)
 
     @property
     def template(self) -> str:
@@ -45,8 +54,33 @@ class ChatTemplate:
         """The format its model writes tool calls in (frontend/tool_parsers.py)."""
         return tool_format(self.template)
 
+    @property
+    def roles(self) -> frozenset[str]:
+        return template_roles(self.template)
+
+    def prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+               tools: list | None = None) -> ChatPrompt:
+        """The prompt, with where a user string spelled a special token (none where the
+        operator allows them)."""
+        messages = check_roles(messages, self.roles)
+        marks = Marks.of(self._specials) if self._specials else None
+        if marks is None or not (marks.holds(messages) or marks.holds(tools)):
+            return ChatPrompt(self._render(messages, add_generation_prompt, tools))
+        hidden = self._render(marks.hide_messages(messages), add_generation_prompt,
+                              marks.hide(tools) if tools else tools)
+        return marks.show(hidden)
+
+    def ids(self, prompt: ChatPrompt, add_special_tokens: bool = False) -> list[int]:
+        """The prompt's token ids, its forged special tokens read as text (chat_special.py)."""
+        return prompt_ids(self._hf, prompt, add_special_tokens)
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                tools: list | None = None) -> str:
+        """The prompt's text, as the template writes it (roles checked)."""
+        return self._render(check_roles(messages, self.roles), add_generation_prompt, tools)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool,
+                tools: list | None) -> str:
         """`tools`: the body's, in OpenAI's shape; a template that does not read them gets
         the conversation in the Hermes format (tool_messages.py)."""
         from jinja2 import TemplateError

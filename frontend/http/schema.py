@@ -18,6 +18,7 @@ from frontend.compile_check import CompileCheck
 from frontend.http import fields
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.chat import ChatTemplate
+from frontend.http.chat_special import ChatPrompt
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
 from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
@@ -54,6 +55,9 @@ class GenRequest:
     max_tokens_field: str = "max_tokens"  # the body's name for it (chat: either name)
     prompt_ask: PromptAsk = PromptAsk()   # prompt logprobs (prompt_logprobs.py)
     tools: ToolAsk | None = None          # the offered tools (tools.py)
+    # a chat whose user strings spell special tokens: msg.prompt must become its ids
+    # (ChatTemplate.ids, off the loop) before it is sent
+    forged: ChatPrompt | None = None
 
     @property
     def batch(self) -> list:
@@ -134,16 +138,17 @@ def parse_chat(body: dict, priority: int | None, chat: ChatTemplate,
                default_max_tokens: int, max_model_len: int | None = None,
                compiles: CompileCheck | None = None) -> GenRequest:
     """`chat` turns the checked messages (and tools) into the prompt text, which holds its
-    own special tokens: add_special_tokens defaults to false. `compiles` compiles the tools'
-    schemas and grammar (a fresh CompileCheck where not given)."""
+    own special tokens: add_special_tokens defaults to false. Where a user string spelled a
+    special token, `forged` holds the prompt to tokenize (chat_special.py). `compiles`
+    compiles the tools' schemas and grammar (a fresh CompileCheck where not given)."""
     check_known(body, CHAT)
     ask = chat_ask(body)
     compiles = compiles or CompileCheck()
     tools = tool_ask(body, compiles)
     max_tokens = _chat_max_tokens(body)
-    prompt = chat.render(fields.messages(body.get("messages")),
+    prompt = chat.prompt(fields.messages(body.get("messages")),
                          tools=tools.tools if tools else None)
-    msg = _generate(body, prompt, priority,
+    msg = _generate(body, prompt.text, priority,
                     default_max_tokens if max_tokens is None else max_tokens,
                     _chat_logprobs(body), add_special_tokens=False,
                     explicit=max_tokens is not None, prompt_logprobs=ask.engine)
@@ -152,7 +157,7 @@ def parse_chat(body: dict, priority: int | None, chat: ChatTemplate,
     newer = body.get("max_completion_tokens") is not None
     gen = _request(body, msg, max_model_len, ask=ask,
                    max_tokens_field="max_completion_tokens" if newer else "max_tokens")
-    gen.tools = tools
+    gen.tools, gen.forged = tools, prompt if prompt.forged else None
     return check_reply(gen, "top_logprobs" if body.get("top_logprobs") is not None
                        else "logprobs", max_model_len)
 

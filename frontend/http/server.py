@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(more get 429); at most the frontend's own cap")
     p.add_argument("--max-compile-ms", type=int, default=DEFAULT_MAX_COMPILE_MS,
                    help="a tool's schema whose compile takes longer is refused (400)")
+    p.add_argument("--allow-special-tokens", action="store_true",
+                   help="a chat message's text that spells a special token of the model is "
+                        "that control token (default: read as text; docs/security.md)")
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
@@ -110,7 +113,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
     client = ClientPool(args.frontend, args.request_timeout, args.max_inflight_per_client)
     try:
         stats = await wait_for_engine(client, args.startup_timeout)
-        chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"])
+        chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"],
+                                          args.allow_special_tokens)
         if chat.builtin:
             log.warning("the tokenizer has no chat template: using a built-in ChatML one")
         gw = Gateway(client, args.model_name or stats["model"], stats["max_model_len"], chat,

@@ -8,10 +8,9 @@ says so is refused before it is tokenized. The gateway runs these off its loop (
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from frontend.http import fields
 from frontend.http.allowed import check_known
+from frontend.http.chat_special import ChatPrompt
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, STR, get
 from frontend.token_bound import TokenBound
@@ -77,22 +76,23 @@ def _plain(obj):
     return str(obj)
 
 
-def tokenize(tokens: Tokens, body: dict, render: Callable[..., str],
-             max_model_len: int) -> dict:
-    """`render(messages, add_generation_prompt)`: the chat template."""
+def tokenize(tokens: Tokens, body: dict, chat, max_model_len: int) -> dict:
+    """`chat`: the ChatTemplate; messages are tokenized as a chat's prompt is (a user
+    string's special tokens as text, chat_special.py)."""
     check_known(body, TOKENIZE)
     get(body, "model", STR)
     if ("prompt" in body) == ("messages" in body):
         raise ApiError(400, "give exactly one of prompt and messages", "prompt")
     if "prompt" in body:
-        text, special = get(body, "prompt", STR, ""), True
+        prompt, special = ChatPrompt(get(body, "prompt", STR, "")), True
     else:
-        text = render(fields.messages(body["messages"]),
-                      get(body, "add_generation_prompt", BOOL, True))
+        prompt = chat.prompt(fields.messages(body["messages"]),
+                             get(body, "add_generation_prompt", BOOL, True))
         special = False  # the template holds the special tokens
     param = "prompt" if "prompt" in body else "messages"
-    _fits(tokens.bound.at_least(text), "at least ", max_model_len, param)
-    ids = tokens.encode(text, get(body, "add_special_tokens", BOOL, special))
+    _fits(tokens.bound.at_least(prompt.text), "at least ", max_model_len, param)
+    add = get(body, "add_special_tokens", BOOL, special)
+    ids = chat.ids(prompt, add) if prompt.forged else tokens.encode(prompt.text, add)
     _fits(len(ids), "", max_model_len, param)
     strs = tokens.token_strs(ids) if get(body, "return_token_strs", BOOL, False) else None
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,

@@ -112,6 +112,8 @@ def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[s
            "--max-compile-ms", str(a.max_compile_ms)]
     # the API keys go in the gateway's environment (gateway_keys.py), never on argv
     cmd += ["--protect-metrics"] if a.protect_metrics else []
+    if a.allow_special_tokens:
+        cmd.append("--allow-special-tokens")
     return cmd + (["--allow-remote"] if a.allow_remote else [])
 
 

@@ -103,6 +103,10 @@ def parser() -> argparse.ArgumentParser:
                           help="which requests share prefix cache blocks: global (all, but a"
                                " request's cache_salt), user (per user field), key (per API"
                                " key) (docs/security.md)")
+    security.add_argument("--allow-special-tokens", action="store_true",
+                          help="a chat message's text that spells a special token of the model"
+                               " is that control token (default: read as text; "
+                               "docs/security.md)")
     scale = p.add_argument_group("scale-out")
     scale.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from core.ipc.protocol import Delta
 from frontend.client.common import ClientError
 from frontend.http.app import Gateway, make_app
+from frontend.http.chat_special import ChatPrompt
 from frontend.http.metrics import Metrics
 from tests.frontend.test_http import sse_events
 
@@ -35,8 +36,8 @@ class FakeChat:
     tokenizer = FakeTokenizer()
     tool_format = "hermes"
 
-    def render(self, messages, add_generation_prompt=True, tools=None):
-        return "|".join(m["content"] for m in messages)
+    def prompt(self, messages, add_generation_prompt=True, tools=None):
+        return ChatPrompt("|".join(m["content"] for m in messages))
 
 
 def two_tokens(kw: dict) -> list:

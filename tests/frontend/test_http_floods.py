@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from core.ipc.protocol import AddRequest
 from frontend.http.app import Gateway, make_app
+from frontend.http.chat_special import ChatPrompt
 from frontend.http.metrics import Metrics
 from frontend.http.pool import ClientPool
 from frontend.http.reply_bound import MAX_REPLY_ENTRIES
@@ -132,8 +133,8 @@ class Template:
     tokenizer = None
     tool_format = "hermes"
 
-    def render(self, messages, add_generation_prompt=True, tools=None):
-        return "".join(m["content"] for m in messages)
+    def prompt(self, messages, add_generation_prompt=True, tools=None):
+        return ChatPrompt("".join(m["content"] for m in messages))
 
 
 def post_local(path: str, body: dict, max_model_len: int = 2048) -> tuple[int, dict]:

@@ -14,6 +14,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from core.ipc.protocol import Delta
 from frontend.http import fields
 from frontend.http.chat import ChatTemplate
+from frontend.http.chat_special import ChatPrompt
 from frontend.http.errors import ApiError
 from frontend.http.format import Tally
 from frontend.http.schema import parse_chat
@@ -196,9 +197,9 @@ class FakeChat:
     def __init__(self):
         self.seen = None
 
-    def render(self, messages, tools=None):
+    def prompt(self, messages, tools=None):
         self.seen = (messages, tools)
-        return "prompt"
+        return ChatPrompt("prompt")
 
 
 def chat_body(**kw) -> dict:
