@@ -23,6 +23,7 @@ from scripts import ROOT
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
 from tests.frontend.test_http import http, start_gateway, stop_gateway
+from tests.group.test_cache_isolation import assert_isolated, http_sender
 from tests.waiting import wait_until
 
 KEY_FLAG, KEY_FILE, KEY_ENV = (f"tl-{name}-{secrets.token_urlsafe(18)}"
@@ -49,7 +50,8 @@ def keyed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("keyed")
     (tmp / "keys").write_text(f"# the file's key\n\n  {KEY_FILE}  \n# {KEY_FLAG}x\n")
     g = start_group(tmp, ["--http-port", "0", "--api-key", KEY_FLAG,
-                          "--api-key-file", str(tmp / "keys")], env={"TL_API_KEY": KEY_ENV})
+                          "--api-key-file", str(tmp / "keys"), "--prefix-cache-scope", "key"],
+                    env={"TL_API_KEY": KEY_ENV})
     try:
         yield g
     finally:
@@ -100,6 +102,13 @@ def test_each_listed_key_is_served(keyed):
     with openai.OpenAI(base_url=keyed.http + "/v1", api_key="nope", max_retries=0) as oai:
         with pytest.raises(openai.AuthenticationError):
             oai.models.list()
+
+
+def test_another_key_learns_nothing_under_scope_key(keyed):
+    """--prefix-cache-scope key: each key its own cache (docs/security.md), so a second key's
+    guesses at the first key's PIN all find the same cached_tokens."""
+    assert_isolated(http_sender(keyed, bearer(KEY_FLAG)), http_sender(keyed, bearer(KEY_FILE)),
+                    "Per key.")
 
 
 def test_health_and_metrics_stay_open_by_default(keyed):

@@ -50,11 +50,11 @@ def zmq_sender(client: Client, **kw):
                                           **kw).cached_tokens
 
 
-def http_sender(group, **body):
+def http_sender(group, headers=None, **body):
     def send(prompt: str) -> int:
         status, _, reply = http("POST", f"{group.http}/v1/completions",
                                 {"prompt": prompt, "max_tokens": 2, "temperature": 0,
-                                 "ignore_eos": True, **body})
+                                 "ignore_eos": True, **body}, headers)
         assert status == 200, reply
         return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
     return send
