@@ -132,7 +132,7 @@ LOST_CONNECTION = ("lost the connection to the engine's frontend (it died, or dr
                    "client); the request's fate is unknown")
 
 
-def open_dealer(ctx, address: str, linger_ms: int):
+def open_dealer(ctx, address: str, linger_ms: int, options: dict[int, bytes] | None = None):
     """The client's socket and a monitor of its disconnects.
 
     A fixed routing id lets a reconnect keep the client's identity at the frontend. The
@@ -145,6 +145,8 @@ def open_dealer(ctx, address: str, linger_ms: int):
     # Unbounded receive queue: a client busy elsewhere for a while must not stall zmq's
     # reads (and heartbeats), or the frontend takes it for gone.
     sock.setsockopt(zmq.RCVHWM, 0)
+    for opt, value in (options or {}).items():   # CURVE (frontend/client/keys.py)
+        sock.setsockopt(opt, value)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.connect(address)
     return sock, monitor

@@ -24,6 +24,7 @@ import time
 from aiohttp import web
 
 from core.ipc.channel import is_loopback_host
+from core.ipc.curve import CurveKeyError, load_peer
 from core.ipc.lifeline import die_with_parent
 from frontend.client import ClientError
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
@@ -47,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow binding a non-loopback host")
+    p.add_argument("--curve", default=None, metavar="DIR",
+                   help="CURVE to the frontend, as the operator (DIR/server.key_secret)")
     p.add_argument("--model-name", default=None,
                    help="the model's name in replies and /v1/models (default: serve's --model)")
     p.add_argument("--request-timeout", type=float, default=600.0,
@@ -62,6 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
+
+
+def operator_keys(curve: str | None) -> dict:
+    """The gateway runs beside the frontend: with CURVE it presents the server's own key
+    pair, the operator's, which stats() for /health and /metrics needs."""
+    if curve is None:
+        return {}
+    server, pair = load_peer(curve, None)
+    return {"server_key": server, "client_key": (pair.public, pair.secret)}
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -95,7 +107,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client = ClientPool(args.frontend, args.request_timeout, args.max_inflight_per_client)
+    client = ClientPool(args.frontend, args.request_timeout, args.max_inflight_per_client,
+                        operator_keys(args.curve))
     try:
         stats = await wait_for_engine(client, args.startup_timeout)
         chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"])
@@ -146,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClientError as e:
         print(f"http: {e.message}", file=sys.stderr)
         return 1
+    except CurveKeyError as e:
+        print(f"http: {e}", file=sys.stderr)
+        return 2
     finally:
         sock.close()
 
