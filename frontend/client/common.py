@@ -18,7 +18,7 @@ MAX_REPLY_BYTES = 1 << 30
 
 
 class ClientError(Exception):
-    """An error answer from the engine, or no answer: code 400, 413, 429 or 503."""
+    """An error answer from the engine, or no answer: code 400, 403, 413, 429 or 503."""
 
     def __init__(self, code: int, message: str, param: str | None = None):
         super().__init__(f"{code}: {message}")
