@@ -4,6 +4,7 @@ joiner learns nothing. A fake core stands behind a real frontend process."""
 from __future__ import annotations
 
 import multiprocessing
+import socket
 import stat
 import subprocess
 import sys
@@ -232,3 +233,31 @@ def test_a_non_loopback_bind_needs_curve_or_insecure_remote(tmp_path):
     fe = ("frontend", "--core-in", f"ipc://{tmp_path}/a", "--core-out", f"ipc://{tmp_path}/b",
           "--address", "tcp://0.0.0.0:0", "--allow-remote")
     assert "--insecure-remote" in refuses(*fe)
+
+
+def own_address() -> str | None:
+    """A non-loopback IPv4 address of this machine, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+        except OSError:
+            return None
+        host = s.getsockname()[0]
+    return None if host.startswith("127.") else host
+
+
+def test_without_curve_stats_is_for_this_machine_only(tmp_path):
+    host = own_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback address")
+    port = free_port()
+    with running_engine(tmp_path, "--address", f"tcp://0.0.0.0:{port}", "--allow-remote",
+                        "--insecure-remote") as eng:
+        with Client(f"tcp://{host}:{port}", timeout=10) as remote:
+            with pytest.raises(ClientError) as e:
+                remote.stats()
+            assert e.value.code == 403
+            assert remote.generate("hi", max_tokens=4).text == "hi"   # requests still go
+        with Client(f"tcp://127.0.0.1:{port}", timeout=10) as local:
+            assert local.stats()["total_blocks"] == 128
+        assert eng.fe.proc.poll() is None
