@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 import zmq
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from core.ipc.curve import CurveDir, load_server, server_options
@@ -36,11 +37,9 @@ class RefusalLog:
     count: int = 0
     last_why: str = ""
     _next: float = 0.0
-    total: int = 0
 
     def refused(self, endpoint: str, why: str) -> None:
         self.count += 1
-        self.total += 1
         self.last_why = f"{endpoint}: {why}"
         self.flush(time.monotonic())
 
@@ -64,7 +63,7 @@ class ZapHandler:
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
         self._monitors: list[zmq.Socket] = []
-        self._reasons: list[str] = []   # the last ZAP refusal, for the log line
+        self._reason: str | None = None   # the last ZAP refusal, for the log line
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zap", daemon=True)
 
@@ -102,8 +101,9 @@ class ZapHandler:
             self._close_sockets()
 
     def _on_event(self, event: dict) -> None:
-        why = (self._reasons.pop() if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-               and self._reasons else "no CURVE, a wrong server key, or not ZeroMQ")
+        why = "no CURVE, a wrong server key, or not ZeroMQ"
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self._reason:
+            why, self._reason = self._reason, None
         endpoint = event.get("endpoint", b"")
         self.refusals.refused(endpoint.decode(errors="replace")
                               if isinstance(endpoint, bytes) else str(endpoint), why)
@@ -117,10 +117,10 @@ class ZapHandler:
         name = None
         if mechanism == b"CURVE" and len(frames) == 7 and len(frames[6]) == 32:
             name = self.keys.admitted(domain.decode(errors="replace")).get(
-                zmq.utils.z85.encode(frames[6]))
+                z85.encode(frames[6]))
         if name is None:
-            self._reasons[:] = [f"{mechanism.decode(errors='replace')} peer "
-                                f"{address.decode(errors='replace')} with an unlisted key"]
+            self._reason = (f"{mechanism.decode(errors='replace')} peer "
+                            f"{address.decode(errors='replace')} with an unlisted key")
             return [version, request_id, b"400", b"unlisted key", b"", b""]
         return [version, request_id, b"200", b"OK", name.encode(), b""]
 
