@@ -5,6 +5,8 @@ import sys
 import zmq
 
 from core.config import add_sched_args, config_from_args
+from core.frontend_link import keys
+from core.ipc.curve import CurveKeyError
 from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
 from core.process import CoreLoop, Refused
 from core.worker_link import WorkerLost
@@ -19,6 +21,9 @@ def main(argv=None) -> int:
     p.add_argument("--frontend-in", help="where to bind the PULL the frontend sends to")
     p.add_argument("--frontend-out", help="where to bind the PUSH the frontend reads")
     p.add_argument("--join", help="instead: connect to this frontend's --replica-address")
+    p.add_argument("--curve", default=None, metavar="DIR",
+                   help="with --join: CURVE to the frontend, as the first key pair in"
+                        " DIR/replicas (docs/security.md)")
     p.add_argument("--log", default=None)
     p.add_argument("--log-errors", choices=["stop", "serve"], default="stop",
                    help="when the log cannot be written: refuse new requests (stop) or"
@@ -27,6 +32,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if (a.join is None) == (a.frontend_in is None or a.frontend_out is None):
         p.error("give --frontend-in and --frontend-out, or --join")
+    if a.curve and not a.join:
+        p.error("--curve goes with --join")
+    try:
+        keys(a.curve)
+    except CurveKeyError as e:
+        print(f"[core] {e}", file=sys.stderr, flush=True)
+        return 2
     cfg = config_from_args(a)
     die_with_parent()
     sigterm_as_interrupt()

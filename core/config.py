@@ -51,6 +51,7 @@ class CoreConfig:
     log_errors: str = "stop"   # "stop" | "serve": see core/steplog.py
     prefix_cache: bool = True
     join: str | None = None    # a frontend's --replica-address (core/frontend_link.py)
+    curve: str | None = None   # with join: the key directory (core/ipc/curve.py)
     overlap: bool = True      # plan step N+1 while the worker runs N (core/overlap.py)
 
     def sched_config(self, info: ModelInfo) -> SchedulerConfig:
@@ -108,7 +109,7 @@ def config_from_args(a) -> CoreConfig:
                       prefill=a.prefill, max_chunk=a.max_chunk, seed=a.seed,
                       step_timeout=a.step_timeout, log=a.log, log_errors=a.log_errors,
                       prefix_cache=a.prefix_cache, overlap=a.overlap,
-                      join=getattr(a, "join", None))
+                      join=getattr(a, "join", None), curve=getattr(a, "curve", None))
 
 
 def package_versions() -> dict:

@@ -15,6 +15,7 @@ import time
 import zmq
 
 from core.ipc.channel import Channel
+from core.ipc.curve import REPLICAS, client_options, load_peer
 from core.ipc.protocol import (AbortRequest, AddRequest, Beat, Drain, Hello, JoinRefused,
                                Leave, StatsQuery, StopRequest)
 
@@ -23,9 +24,14 @@ FROM_FRONTEND = (AddRequest, AbortRequest, StopRequest, StatsQuery, Drain, Hello
 LEAVE_LINGER_MS = 1000
 
 
+def keys(curve: str | None) -> dict[int, bytes]:
+    """A joiner's CURVE options: the frontend's public key and DIR/replicas' first pair."""
+    return {} if curve is None else client_options(*load_peer(curve, REPLICAS))
+
+
 class FrontendLink:
     def __init__(self, ctx: zmq.Context, frontend_in: str | None, frontend_out: str | None,
-                 join: str | None = None):
+                 join: str | None = None, curve: str | None = None):
         self.joined = join is not None
         self._next_beat = 0.0
         # Unbounded both ways: the core reads its inputs even mid-step and never blocks on
@@ -33,7 +39,7 @@ class FrontendLink:
         # bounded by the requests admitted.
         if self.joined:
             sock_in = Channel(ctx, zmq.DEALER, join, bind=False, accept=FROM_FRONTEND,
-                              unbounded=True, options={zmq.IMMEDIATE: 1})
+                              unbounded=True, options={zmq.IMMEDIATE: 1, **keys(curve)})
             self.fe_in = self.fe_out = sock_in
         else:
             self.fe_in = Channel(ctx, zmq.PULL, frontend_in, bind=True, accept=FROM_FRONTEND,

@@ -48,7 +48,7 @@ def _log(msg: str) -> None:
 class CoreLoop:
     def __init__(self, cfg: CoreConfig, ctx: zmq.Context):
         self.cfg = cfg
-        self.link = FrontendLink(ctx, cfg.frontend_in, cfg.frontend_out, cfg.join)
+        self.link = FrontendLink(ctx, cfg.frontend_in, cfg.frontend_out, cfg.join, cfg.curve)
         self.fe_in, self.fe_out = self.link.fe_in, self.link.fe_out
         self._inbox: list = []   # (input, wall clock read) during a step, applied after it
         self.worker = WorkerLink(ctx, cfg.worker_in, cfg.worker_out, self.fe_in.sock,

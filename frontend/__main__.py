@@ -14,6 +14,7 @@ import sys
 import zmq
 
 from core.ipc.channel import is_loopback
+from core.ipc.curve import CurveKeyError, bind_problem
 from core.ipc.lifeline import die_with_parent, exit_now
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from frontend.cache_salt import SCOPES
@@ -32,6 +33,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where clients connect; tcp://127.0.0.1:0 picks a free port")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow binding a non-loopback address")
+    p.add_argument("--curve", default=None, metavar="DIR",
+                   help="CURVE on --address and --replica-address: only the keys listed in DIR"
+                        " (scripts/serve keygen) may connect (docs/security.md)")
+    p.add_argument("--insecure-remote", action="store_true",
+                   help="with --allow-remote and no --curve: bind a non-loopback address anyway")
     p.add_argument("--replica-address", default=None,
                    help="accept engine replicas that join from elsewhere (serve --join) here")
     p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
@@ -52,14 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="frontend %(levelname)s %(message)s")
     for addr in filter(None, (args.address, args.replica_address)):
-        if is_loopback(addr):
-            continue
-        if not args.allow_remote:
-            print(f"frontend: {addr} is not a loopback address; "
-                  "pass --allow-remote to bind it", file=sys.stderr)
+        if why := bind_problem(addr, allow_remote=args.allow_remote, curve=bool(args.curve),
+                               insecure_remote=args.insecure_remote):
+            print(f"frontend: {why}", file=sys.stderr)
             return 2
-        logging.warning("binding %s: the engine is reachable from other hosts "
-                        "(no authentication)", addr)
+        if not is_loopback(addr) and not args.curve:
+            logging.warning("binding %s: the engine is reachable from other hosts "
+                            "(no authentication: --insecure-remote)", addr)
     if len(args.core_in) != len(args.core_out):
         print("frontend: give --core-in and --core-out once per replica each", file=sys.stderr)
         return 2
@@ -73,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         fe = Frontend(FrontendConfig(list(zip(args.core_in, args.core_out)), args.address,
                                      args.max_frame_bytes, args.drain_timeout,
                                      args.max_inflight_per_client, args.replica_address,
-                                     args.max_compile_ms, args.prefix_cache_scope))
+                                     args.max_compile_ms, args.prefix_cache_scope,
+                                     args.curve))
+    except CurveKeyError as e:
+        print(f"frontend: {e}", file=sys.stderr)
+        return 2
     except zmq.ZMQError as e:
         print(f"frontend: cannot open {args.address} or {args.replica_address}: {e}",
               file=sys.stderr)

@@ -108,7 +108,8 @@ class CoreSide:
         why = None if self.info is None else same_model(self.info, msg.info)
         if why is not None:
             log.error("refused the replica of core pid %d: %s", msg.pid, why)
-            self.joins.router.send(ident, JoinRefused(why))
+            # the reason names what this frontend serves: only an authenticated peer hears it
+            self.joins.router.send(ident, JoinRefused(why if self.curve.keys else "refused"))
             return
         r = self.joins.add(ident, len(self.replicas), msg.epoch)
         self.replicas.append(r)

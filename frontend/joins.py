@@ -24,9 +24,10 @@ GREET_S = 2.0
 
 class Joins:
     def __init__(self, ctx: zmq.Context, address: str, max_frame_bytes: int,
-                 clock: AwakeClock):
+                 clock: AwakeClock, options: dict[int, int | bytes] | None = None):
         self.router = Router(ctx, address, accept=(*CORE_TYPES, Leave),
-                             max_bytes=max(max_frame_bytes, DEFAULT_MAX_FRAME_BYTES))
+                             max_bytes=max(max_frame_bytes, DEFAULT_MAX_FRAME_BYTES),
+                             options=options)
         self.address = self.router.address
         self._clock = clock
         self._by_ident: dict[bytes, JoinedReplica] = {}

@@ -26,7 +26,10 @@ from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, 
 from core.ipc.wire import peek_request_id
 from frontend.cache_salt import salt_digest
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
+from core.ipc.curve import CLIENT_DOMAIN, REPLICA_DOMAIN
 from frontend.core_side import CORE_DIED, CoreSide
+from frontend.zap import Curve
+from frontend.operator import NOT_OPERATOR, OperatorRule
 from frontend.prompts import PromptSide
 from frontend.inflight import Inflight
 from frontend.replica_stats import StatsQueries
@@ -62,14 +65,20 @@ class FrontendConfig:
     replica_address: str | None = None   # where replicas may join (frontend/joins.py)
     max_compile_ms: int = DEFAULT_MAX_COMPILE_MS   # a constraint's compile bound
     prefix_cache_scope: str = "global"   # which salts a request gets (frontend/cache_salt.py)
+    curve: str | None = None   # the key directory (core/ipc/curve.py): CURVE on both ROUTERs
 
 
 class Frontend(CoreSide, PromptSide):
     def __init__(self, cfg: FrontendConfig):
         self.cfg = cfg
         self._ctx = zmq.Context()
+        self.curve = Curve.open(self._ctx, cfg.curve)
+        self.operator = OperatorRule(cfg.curve is not None, cfg.address)
         self.router = Router(self._ctx, cfg.address, accept=CLIENT_TYPES,
-                             max_bytes=cfg.max_frame_bytes)
+                             max_bytes=cfg.max_frame_bytes,
+                             options=self.curve.options(CLIENT_DOMAIN),
+                             keep_frame=self.operator.needs_frame)
+        self.curve.watch(self.router.sock)
         self.clock = AwakeClock()
         # with somewhere to re-run them, a stopped core's requests do not wait for it
         self.several = len(cfg.cores) > 1 or cfg.replica_address is not None
@@ -78,7 +87,10 @@ class Frontend(CoreSide, PromptSide):
                          Silence(self.clock) if self.several else None)
             for k, (core_in, core_out) in enumerate(cfg.cores)]
         self.joins = (None if cfg.replica_address is None else
-                      Joins(self._ctx, cfg.replica_address, cfg.max_frame_bytes, self.clock))
+                      Joins(self._ctx, cfg.replica_address, cfg.max_frame_bytes, self.clock,
+                            self.curve.options(REPLICA_DOMAIN)))
+        if self.joins is not None:
+            self.curve.watch(self.joins.router.sock)
         self.poller = zmq.Poller()
         self.wakeup = Wakeup()
         self.info: ModelInfo | None = None
@@ -106,6 +118,7 @@ class Frontend(CoreSide, PromptSide):
         return self.info is not None and not any(r.up for r in self.replicas)
 
     def run(self) -> int:
+        self.curve.begin()
         for r in self.replicas:
             r.send(Hello(os.getpid(), r.epoch))  # queued until the core's socket is there
             self.poller.register(r.core_out.sock, zmq.POLLIN)
@@ -149,6 +162,7 @@ class Frontend(CoreSide, PromptSide):
                 r.close(linger=CLOSE_LINGER_MS)
         if self.joins is not None:
             self.joins.close(linger=CLOSE_LINGER_MS)
+        self.curve.close()
         self._ctx.term()
         self.wakeup.close()
 
@@ -279,6 +293,8 @@ class Frontend(CoreSide, PromptSide):
                             prompt_logprobs=msg.prompt_logprobs is not None)
 
     def _on_stats(self, ident: bytes) -> None:
+        if not self.operator.allows(self.router.last_frame):
+            return self._error(ident, None, 403, NOT_OPERATOR)
         if self.info is None or self.core_dead:
             return self._error(ident, None, 503, "engine not ready")
         if not self.stats_queries.ask(ident, self.replicas):

@@ -70,7 +70,7 @@ class Channel:
     def __init__(self, ctx: zmq.Context, kind: int, address: str, *, bind: bool,
                  accept: tuple[type, ...] | None = None,
                  max_bytes: int = DEFAULT_MAX_FRAME_BYTES, unbounded: bool = False,
-                 options: dict[int, int] | None = None):
+                 options: dict[int, int | bytes] | None = None):
         self.sock = _make(ctx, kind, max_bytes)
         if unbounded:  # set before bind/connect: a pipe takes its high-water mark then
             self.sock.setsockopt(zmq.SNDHWM, 0)
@@ -110,8 +110,15 @@ class Router:
     """A ROUTER socket: messages come with the sender's identity; replies go to one peer."""
 
     def __init__(self, ctx: zmq.Context, address: str, *, accept: tuple[type, ...] | None,
-                 max_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+                 max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 options: dict[int, int | bytes] | None = None, keep_frame: bool = False):
         self.sock = _make(ctx, zmq.ROUTER, max_bytes)
+        # keep_frame: `last_frame` is the frame of the message recv returned last, whose
+        # properties (User-Id, Peer-Address) say who sent it (frontend/operator.py)
+        self.keep_frame = keep_frame
+        self.last_frame: zmq.Frame | None = None
+        for opt, value in (options or {}).items():   # CURVE (core/ipc/curve.py): before bind
+            self.sock.setsockopt(opt, value)
         # A send to a peer that is gone raises instead of being dropped silently: that
         # is how the frontend learns a client disappeared.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -131,7 +138,12 @@ class Router:
 
     def recv(self, flags: int = 0) -> tuple[bytes, object]:
         """(identity, message); raises RouterError carrying the identity for bad frames."""
-        frames = self.sock.recv_multipart(flags, copy=True)
+        if self.keep_frame:
+            parts = self.sock.recv_multipart(flags, copy=False)
+            self.last_frame = parts[-1]
+            frames = [f.bytes for f in parts]
+        else:
+            frames = self.sock.recv_multipart(flags, copy=True)
         ident = frames[0]
         if len(frames) != 2:
             raise RouterError(ident, ProtocolError(400, f"expected one frame, got {len(frames) - 1}"))

@@ -17,13 +17,19 @@ from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientErro
                                     Result, as_error, close_dealer, decode_reply,
                                     duplicate_error, ends, generate_of, open_dealer, settle,
                                     take_disconnects, timeout_error)
+from frontend.client.keys import curve_options
 
 
 class AsyncClient(RequestStream):
-    def __init__(self, address: str, timeout: float = 60):
+    def __init__(self, address: str, timeout: float = 60, *, server_key=None,
+                 client_key=None):
+        """`server_key` and `client_key`: CURVE (frontend/client/keys.py says which forms
+        they take); both or neither."""
         self.address, self.timeout = address, timeout
+        options = curve_options(server_key, client_key)   # before a context: may raise
         self._ctx = zmq.asyncio.Context()
-        self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS)
+        self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS,
+                                                 options)
         self._monitor_now = zmq.Socket.shadow(self._monitor.underlying)  # polls without a loop
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats_waiters: deque[asyncio.Future] = deque()

@@ -18,7 +18,7 @@ MAX_REPLY_BYTES = 1 << 30
 
 
 class ClientError(Exception):
-    """An error answer from the engine, or no answer: code 400, 413, 429 or 503."""
+    """An error answer from the engine, or no answer: code 400, 403, 413, 429 or 503."""
 
     def __init__(self, code: int, message: str, param: str | None = None):
         super().__init__(f"{code}: {message}")
@@ -133,7 +133,7 @@ LOST_CONNECTION = ("lost the connection to the engine's frontend (it died, or dr
                    "client); the request's fate is unknown")
 
 
-def open_dealer(ctx, address: str, linger_ms: int):
+def open_dealer(ctx, address: str, linger_ms: int, options: dict[int, bytes] | None = None):
     """The client's socket and a monitor of its disconnects.
 
     A fixed routing id lets a reconnect keep the client's identity at the frontend. The
@@ -146,6 +146,8 @@ def open_dealer(ctx, address: str, linger_ms: int):
     # Unbounded receive queue: a client busy elsewhere for a while must not stall zmq's
     # reads (and heartbeats), or the frontend takes it for gone.
     sock.setsockopt(zmq.RCVHWM, 0)
+    for opt, value in (options or {}).items():   # CURVE (frontend/client/keys.py)
+        sock.setsockopt(opt, value)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.connect(address)
     return sock, monitor

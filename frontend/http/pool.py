@@ -26,12 +26,15 @@ DEFAULT_CAP = 1024   # the frontend's --max-inflight-per-client default
 
 
 class ClientPool:
-    def __init__(self, address: str, timeout: float, cap: int = DEFAULT_CAP):
+    def __init__(self, address: str, timeout: float, cap: int = DEFAULT_CAP,
+                 keys: dict | None = None):
         self.address, self.timeout, self.cap = address, timeout, cap
+        # AsyncClient's server_key and client_key (with --curve: the operator's pair)
+        self._keys = keys or {}
         self._members: list[AsyncClient] = []
         self._used: dict[AsyncClient, float] = {}
         self._users: dict[str, int] = {}    # identity -> engine requests in flight
-        self.control = AsyncClient(address, timeout=timeout)   # stats(), health
+        self.control = AsyncClient(address, timeout=timeout, **self._keys)   # stats(), health
 
     def member(self, identity: str) -> UserClient:
         """What carries `identity`'s requests: stream() as AsyncClient's, counted."""
@@ -57,7 +60,7 @@ class ClientPool:
         to the loop, so the member's count includes it before anyone else looks."""
         client = next((c for c in self._members if c.inflight < self.cap), None)
         if client is None:
-            client = AsyncClient(self.address, timeout=self.timeout)
+            client = AsyncClient(self.address, timeout=self.timeout, **self._keys)
             self._members.append(client)
         self._used[client] = time.monotonic()
         return client

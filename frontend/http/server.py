@@ -27,6 +27,7 @@ import time
 from aiohttp import web
 
 from core.ipc.channel import is_loopback_host
+from core.ipc.curve import CurveKeyError, load_peer
 from core.ipc.lifeline import die_with_parent
 from frontend.client import ClientError
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow binding a non-loopback host")
+    p.add_argument("--curve", default=None, metavar="DIR",
+                   help="CURVE to the frontend, as the operator (DIR/server.key_secret)")
     p.add_argument("--model-name", default=None,
                    help="the model's name in replies and /v1/models (default: serve's --model)")
     p.add_argument("--request-timeout", type=float, default=600.0,
@@ -77,6 +80,15 @@ def guard_of(args: argparse.Namespace) -> Guard | None:
     """The keys the routes need, or None without any; raises KeyProblem."""
     keys = collect(args.api_key, os.environ.get(ENV), args.api_key_file, args.protect_metrics)
     return Guard(api_keys(keys), args.protect_metrics) if keys else None
+
+
+def operator_keys(curve: str | None) -> dict:
+    """The gateway runs beside the frontend: with CURVE it presents the server's own key
+    pair, the operator's, which stats() for /health and /metrics needs."""
+    if curve is None:
+        return {}
+    server, pair = load_peer(curve, None)
+    return {"server_key": server, "client_key": (pair.public, pair.secret)}
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -110,7 +122,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client = ClientPool(args.frontend, args.request_timeout, args.max_inflight_per_client)
+    client = ClientPool(args.frontend, args.request_timeout, args.max_inflight_per_client,
+                        operator_keys(args.curve))
     try:
         stats = await wait_for_engine(client, args.startup_timeout)
         chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"],
@@ -167,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClientError as e:
         print(f"http: {e.message}", file=sys.stderr)
         return 1
+    except CurveKeyError as e:
+        print(f"http: {e}", file=sys.stderr)
+        return 2
     finally:
         sock.close()
 

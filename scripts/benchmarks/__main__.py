@@ -8,6 +8,7 @@ HERE = Path(__file__).parent
 SUMMARY = {
     "chaos": "the soak's workload over time, some over HTTP, while processes are killed",
     "compare": "tl-engine against plain transformers (and llama.cpp): one model, one workload",
+    "curve": "what CurveZMQ costs per request at 64 in flight, with and without --curve",
     "forward": "worker-only decode speed: the paged runner against stock transformers",
     "invariant": "the cost of --batch-invariant on the mixed workload",
     "log": "what the step log costs the step loop, replay speed, bytes per token",

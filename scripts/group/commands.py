@@ -41,7 +41,7 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
     py = [sys.executable, "-m"]
     sched = [x for n in SCHED_FLAGS if getattr(a, n) is not None
              for x in (_flag(n), str(getattr(a, n)))]
-    to_frontend = (["--join", a.join] if a.join else
+    to_frontend = (["--join", a.join, *curve_args(a)] if a.join else
                    ["--frontend-in", ep["fe_in"], "--frontend-out", ep["fe_out"]])
     core = py + ["core", *to_frontend, "--worker-in", ep["wk_in"],
                  "--worker-out", ep["wk_out"]] + sched
@@ -99,6 +99,9 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
                  "--prefix-cache-scope", a.prefix_cache_scope]
     if a.allow_remote:
         frontend.append("--allow-remote")
+    if a.insecure_remote:
+        frontend.append("--insecure-remote")
+    frontend += curve_args(a)
     if a.replica_address:
         frontend += ["--replica-address", a.replica_address]
     return cmds if a.join else {**cmds, "frontend": frontend}
@@ -114,7 +117,11 @@ def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[s
     cmd += ["--protect-metrics"] if a.protect_metrics else []
     if a.allow_special_tokens:
         cmd.append("--allow-special-tokens")
-    return cmd + (["--allow-remote"] if a.allow_remote else [])
+    return cmd + (["--allow-remote"] if a.allow_remote else []) + curve_args(a)
+
+
+def curve_args(a: argparse.Namespace) -> list[str]:
+    return ["--curve", a.curve] if a.curve else []
 
 
 def tcp_address(host: str, port: int) -> str:

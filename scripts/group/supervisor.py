@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from core import cli
 from core.ipc.channel import is_loopback
+from core.ipc.curve import REPLICAS, CurveKeyError, bind_problem, load_peer, load_server
 from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args
@@ -107,6 +108,14 @@ def parser() -> argparse.ArgumentParser:
                           help="a chat message's text that spells a special token of the model"
                                " is that control token (default: read as text; "
                                "docs/security.md)")
+    security.add_argument("--curve", default=None, metavar="DIR",
+                          help="CurveZMQ on --address and --replica-address (with --join: to"
+                               " the frontend): only the keys in DIR (scripts/serve keygen DIR)"
+                               " may connect; docs/security.md")
+    security.add_argument("--insecure-remote", action="store_true",
+                          help="bind a non-loopback ZeroMQ address without --curve, join one"
+                               " without it, or rendezvous on a non-loopback --dist-init"
+                               " (none of them authenticates its peers)")
     scale = p.add_argument_group("scale-out")
     scale.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel ranks of the worker (gloo on cpu, NCCL on cuda)")
@@ -157,11 +166,14 @@ def main(argv=None) -> int:
     a = parse(argv)
     http = [] if a.http_port is None else [tcp_address(a.http_host, a.http_port)]
     dist = [a.dist_init] if a.nnodes > 1 else []
-    for addr in filter(None, [a.address, *http, a.replica_address, *dist]):
+    for addr in filter(None, [*http, *dist]):
         if not is_loopback(addr) and not a.allow_remote:
             print(f"serve: {addr} is not a loopback address; pass --allow-remote to bind it",
                   file=sys.stderr)
             return 2
+    if why := remote_problem(a, dist):
+        print(f"serve: {why}", file=sys.stderr)
+        return 2
     if a.dp < 1:
         print("serve: --dp must be at least 1", file=sys.stderr)
         return 2
@@ -194,6 +206,33 @@ def main(argv=None) -> int:
     finally:
         group.stop()
         shutil.rmtree(ipc, ignore_errors=True)
+
+
+def remote_problem(a, dist: list[str]) -> str | None:
+    """The non-loopback rules of docs/security.md: a ZeroMQ endpoint bound or joined
+    beyond this machine needs --curve or --insecure-remote; the TP rendezvous (torch's
+    TCPStore, no authentication) needs --insecure-remote; the key directory must load."""
+    binds = [] if a.join else [a.address, a.replica_address]
+    for addr in filter(None, binds):
+        if why := bind_problem(addr, allow_remote=a.allow_remote, curve=bool(a.curve),
+                               insecure_remote=a.insecure_remote):
+            return why
+    if a.join and not is_loopback(a.join) and not (a.curve or a.insecure_remote):
+        return (f"--join {a.join} is not a loopback address: pass --curve DIR, or"
+                " --insecure-remote to send prompts and tokens in the clear")
+    for addr in dist:
+        if not is_loopback(addr) and not a.insecure_remote:
+            return (f"--dist-init {addr} is not a loopback address, and torch's TCPStore"
+                    " authenticates nobody: pass --insecure-remote on a network only these"
+                    " machines reach (docs/security.md)")
+    try:
+        if a.curve and a.join:
+            load_peer(a.curve, REPLICAS)
+        elif a.curve:
+            load_server(a.curve)
+    except CurveKeyError as e:
+        return str(e)
+    return None
 
 
 def worker_problem(a) -> str | None:
