@@ -33,6 +33,7 @@ from frontend.client.common import ends
 from scripts.benchmarks.soak import (arguments, near_tie, one, report, stock_model, uncontended,
                                       verify, workload)
 from scripts.benchmarks import _provenance as prov
+from scripts.benchmarks._chaos_access import Access
 from scripts.group.harness import Group, start_group
 
 TARGETS = {"worker": "-m worker", "frontend": "-m frontend ", "gateway": "-m frontend.http",
@@ -72,35 +73,36 @@ async def zmq_one(c: AsyncClient, r: dict):
         return ("timeout" if "no reply" in e.message else e.code), []
 
 
-async def http_one(s: aiohttp.ClientSession, url: str, r: dict):
+async def http_one(s: aiohttp.ClientSession, url: str, r: dict, access: Access):
     await asyncio.sleep(r["at"])
     body = {"model": "tiny", "prompt": r["prompt"], "max_tokens": r["max_tokens"],
             "temperature": 0, "ignore_eos": True}
     try:
         async with s.post(url + "/v1/completions", json=body,
-                          headers={"X-TL-Priority": str(r["priority"])}) as resp:
+                          headers={"X-TL-Priority": str(r["priority"]),
+                                   **access.headers()}) as resp:
             await resp.read()
             return resp.status, []
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         return type(e).__name__, []      # the gateway died under this connection
 
 
-async def drive(g: Group, joined: Group, reqs: list[dict],
-                faults: list[dict]) -> tuple[list, Counter, dict]:
+async def drive(g: Group, joined: Group, reqs: list[dict], faults: list[dict],
+                access: Access) -> tuple[list, Counter, dict]:
     timeout = aiohttp.ClientTimeout(total=600)
-    async with CountingClient(g.address, timeout=600) as c, \
+    async with CountingClient(g.address, timeout=600, **access.client()) as c, \
             aiohttp.ClientSession(timeout=timeout) as s:
-        jobs = [http_one(s, g.http, r) if r["http"] else zmq_one(c, r) for r in reqs]
-        driver = asyncio.create_task(inject({"joined": joined}, g, faults))
+        jobs = [http_one(s, g.http, r, access) if r["http"] else zmq_one(c, r) for r in reqs]
+        driver = asyncio.create_task(inject({"joined": joined}, g, faults, access))
         results = await asyncio.gather(*jobs)
         await driver
-        stats = await settled(g)
+        stats = await settled(g, access)
         await asyncio.sleep(1.0)     # a second final reply would arrive by now
         return results, c.finals, stats
 
 
-async def settled(g: Group) -> dict:
-    async with AsyncClient(g.address, timeout=30) as c:
+async def settled(g: Group, access: Access) -> dict:
+    async with AsyncClient(g.address, timeout=30, **access.operator()) as c:
         for _ in range(600):
             st = await c.stats()
             if st["running"] == st["waiting"] == 0 and len(st["replicas"]) == REPLICAS:
@@ -109,7 +111,7 @@ async def settled(g: Group) -> dict:
     return st
 
 
-async def inject(others: dict, g: Group, faults: list[dict]) -> None:
+async def inject(others: dict, g: Group, faults: list[dict], access: Access) -> None:
     for f in faults:
         await asyncio.sleep(f["after"])
         pid = others.get(f["target"], g).pid_of(TARGETS[f["target"]])
@@ -120,16 +122,16 @@ async def inject(others: dict, g: Group, faults: list[dict]) -> None:
             os.kill(pid, signal.SIGSTOP)
             await asyncio.sleep(f["stop_s"])
             os.kill(pid, signal.SIGCONT)
-        f["recovered_s"] = await recovered(g, f, pid, t0)
+        f["recovered_s"] = await recovered(g, f, pid, t0, access)
 
 
-async def recovered(g: Group, f: dict, pid: int, t0: float) -> float:
+async def recovered(g: Group, f: dict, pid: int, t0: float, access: Access) -> float:
     """Seconds from the fault until the target serves again (a new process if killed):
     the gateway answers /health, the frontend stats(), the worker runs steps, a stopped
     core is a replica again. A process that never comes back is inf after RECOVERY_WAIT_S."""
     while time.monotonic() - t0 < RECOVERY_WAIT_S:
         try:
-            if await serves(g, f["target"], pid, f["kind"] == "kill"):
+            if await serves(g, f["target"], pid, f["kind"] == "kill", access):
                 return round(time.monotonic() - t0, 2)
         except (ClientError, aiohttp.ClientError, asyncio.TimeoutError, LookupError):
             pass
@@ -137,13 +139,13 @@ async def recovered(g: Group, f: dict, pid: int, t0: float) -> float:
     return float("inf")
 
 
-async def serves(g: Group, target: str, old: int, killed: bool) -> bool:
+async def serves(g: Group, target: str, old: int, killed: bool, access: Access) -> bool:
     if killed and g.pid_of(TARGETS[target]) == old:
         return False
     if target == "gateway":
         async with aiohttp.ClientSession() as s, s.get(g.http + "/health") as r:
             return r.status == 200
-    async with AsyncClient(g.address, timeout=5) as c:
+    async with AsyncClient(g.address, timeout=5, **access.operator()) as c:
         st = await c.stats()
         if target == "frontend":
             return not killed or st["pids"]["frontend"] != old
@@ -197,28 +199,32 @@ def judge(reqs, results, finals, ref, model) -> dict:
             "bad_examples": [b for b in bad if b[0] != "tie"][:5]}
 
 
-def chaos(n: int, seed: int, tmp: Path, spread_s: float = 30.0, n_faults: int = 9) -> dict:
+def chaos(n: int, seed: int, tmp: Path, spread_s: float = 30.0, n_faults: int = 9,
+          secure: bool = False) -> dict:
+    """secure: CURVE on the ZeroMQ endpoints and an API key on the gateway (Access)."""
     reqs, faults = plan(n, seed, spread_s, n_faults)
+    access = Access.locked(tmp) if secure else Access()
     engine = ["--num-blocks", "48", "--max-seqs", "32", "--step-timeout", "2",
               "--max-restarts", str(n_faults + 3), "--max-waiting", str(n + 16)]
     where = f"tcp://127.0.0.1:{free_port()}"
     (tmp / "a").mkdir()
     (tmp / "b").mkdir()
     g = start_group(tmp / "a", [*engine, "--dp", "2", "--replica-address", where,
-                                "--max-inflight-per-client", str(n + 16), "--http-port", "0"])
+                                "--max-inflight-per-client", str(n + 16), "--http-port", "0",
+                                *access.serve_args()])
     joined = None
     try:
-        joined = start_group(tmp / "b", [*engine, "--join", where])
-        asyncio.run(wait_replicas(g))
+        joined = start_group(tmp / "b", [*engine, "--join", where, *access.join_args()])
+        asyncio.run(wait_replicas(g, access))
         t0 = time.perf_counter()
-        results, finals, stats = asyncio.run(drive(g, joined, reqs, faults))
+        results, finals, stats = asyncio.run(drive(g, joined, reqs, faults, access))
         wall = time.perf_counter() - t0
     finally:
         codes = [x.stop() for x in (joined, g) if x is not None]
     zmq_reqs = [r for r in reqs if not r["http"]]
     out = judge(reqs, results, finals, uncontended(zmq_reqs), stock_model())
     logs = [p for x in (g, joined) for p in x.logs() if steps_in(p)]
-    out.update(requests=n, faults=faults, wall_s=round(wall, 1), serve_exit=max(codes),
+    out.update(requests=n, faults=faults, secure=secure, wall_s=round(wall, 1), serve_exit=max(codes),
                preemptions=stats["preemptions"], replicas=len(stats["replicas"]),
                blocks_back=stats["free_blocks"] == stats["total_blocks"],
                log_verifies=all(verify(p) for p in logs),
@@ -226,9 +232,9 @@ def chaos(n: int, seed: int, tmp: Path, spread_s: float = 30.0, n_faults: int = 
     return out
 
 
-async def wait_replicas(g: Group, timeout: float = 120) -> None:
+async def wait_replicas(g: Group, access: Access, timeout: float = 120) -> None:
     """Until the joined replica is one of the frontend's."""
-    async with AsyncClient(g.address, timeout=30) as c:
+    async with AsyncClient(g.address, timeout=30, **access.operator()) as c:
         deadline = time.monotonic() + timeout
         while len((await c.stats())["replicas"]) < REPLICAS:
             if time.monotonic() > deadline:
@@ -256,9 +262,12 @@ def main(argv=None) -> int:
     p.add_argument("--faults", type=int, default=9,
                    help="faults to inject (kills and stops, spread over the run)")
     p.add_argument("--spread", type=float, default=30.0, help="seconds over which requests arrive")
+    p.add_argument("--secure", action="store_true",
+                   help="CurveZMQ keys and an API key on (docs/security.md)")
     a = p.parse_args(argv)
     start = prov.begin("chaos", a.json, a.allow_dirty)
-    out = chaos(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-chaos-")), a.spread, a.faults)
+    out = chaos(a.requests, a.seed, Path(tempfile.mkdtemp(prefix="tl-chaos-")), a.spread, a.faults,
+                a.secure)
     return report(out, a.json, passed(out), start)
 
 

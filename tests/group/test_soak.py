@@ -34,7 +34,21 @@ def test_soak_2000_requests(tmp_path):
 def test_chaos_soak_2000_requests(tmp_path):
     """Kills and stops of a worker, the frontend and the gateway, and stops of a local core
     and a joined replica's past the silence deadline, under load (scripts/bench chaos)."""
-    out = chaos(2000, seed=0, tmp=tmp_path)
+    check_chaos(chaos(2000, seed=0, tmp=tmp_path))
+
+
+@pytest.mark.slow
+def test_chaos_soak_with_curve_and_an_api_key(tmp_path):
+    """The same faults with every door locked (docs/security.md): the clients, the joined
+    replica and the gateway's engine clients on CurveZMQ keys, HTTP with an API key.
+    Fewer requests than the open run: the faults, not the load, are what it checks."""
+    out = chaos(600, seed=1, tmp=tmp_path, secure=True)
+    # an HTTP reply is judged by its status only: a refused key would not count as lost
+    assert out["secure"] and out["http"] > 0 and out.get("end_401", 0) == 0, out
+    check_chaos(out)
+
+
+def check_chaos(out: dict) -> None:
     assert {(f["target"], f["kind"]) for f in out["faults"]} == {
         (t, k) for t in ("worker", "frontend", "gateway") for k in ("kill", "stop")} | {
         ("core", "stop"), ("joined", "stop")}, out
