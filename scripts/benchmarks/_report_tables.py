@@ -74,7 +74,8 @@ def kind(doc: dict) -> str | None:
     if "phases" in doc and "ratios" in doc:
         return "compare"
     for name, key in (("quality", "ppl_engine"), ("overhead", "null_steps"),
-                      ("whatif", "fit"), ("invariant", "cost")):
+                      ("whatif", "fit"), ("invariant", "cost"),
+                      ("curve", "curve_cost_us_per_request")):
         if key in doc:
             return name
     if "shared_t0" in (doc.get("on") or {}):
@@ -205,6 +206,16 @@ def invariant(doc: dict) -> str:
             + "\n\n" + "; ".join(f"{k} {num(v, '.3f')}" for k, v in cost.items()) + ".")
 
 
+def curve(doc: dict) -> str:
+    rows = [(n, num(m.get("median_us")), num(m.get("min_us")), num(m.get("max_us")))
+            for n, m in (doc.get("settings") or {}).items()]
+    w = doc.get("workload") or {}
+    return (markdown(("setting", "us/request p50", "min", "max"), rows)
+            + f"\n\n{w.get('turns')} turns each, alternating, of {w.get('requests')} requests "
+            f"at {w.get('inflight')} in flight on the null model; CURVE costs "
+            f"{num(doc.get('curve_cost_us_per_request'))} us per request.")
+
+
 WHATIF_FIGURES = ("makespan_s", "throughput_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")
 
 
@@ -265,4 +276,4 @@ def _structured_compile(doc: dict) -> str:
 
 TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
           "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
-          "whatif": whatif, "structured": structured}
+          "whatif": whatif, "structured": structured, "curve": curve}

@@ -78,6 +78,16 @@ def test_another_user_learns_nothing_under_scope_user(client):
                     "Per user.")
 
 
+def test_another_salt_finds_nothing_of_the_exact_prompt_and_the_same_salt_hits(client):
+    """The issue's two users: the second, under another salt, gets cached_tokens 0 for the
+    first's exact prompt; under the first's salt it gets the hit."""
+    prompt = note("Exact.", PIN)
+    first = zmq_sender(client, cache_salt="user-one")
+    assert first(prompt) == 0
+    assert zmq_sender(client, cache_salt="user-two")(prompt) == 0
+    assert zmq_sender(client, cache_salt="user-one")(prompt) >= BLOCK
+
+
 def test_another_cache_salt_learns_nothing_over_http(group):
     assert_isolated(http_sender(group, cache_salt="tenant-victim"),
                     http_sender(group, cache_salt="tenant-attacker"), "Salted HTTP.")

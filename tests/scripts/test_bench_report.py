@@ -134,3 +134,12 @@ def test_a_gguf_comparison_is_labelled_by_its_file_type():
     assert rows[1][3] == "1.25x"
     doc["model"] = {"name": "/c/m.Q4_1.gguf", "weights": "trained", "file": "m.Q4_1.gguf"}
     assert _llamacpp_file_rows(doc)[0][0].startswith("Q4_1 file, ")
+
+
+def test_the_curve_table_gives_each_setting_and_the_cost():
+    doc = {"curve_cost_us_per_request": 41.5, "workload": {"turns": 4, "requests": 256,
+                                                           "inflight": 64},
+           "settings": {"plain": {"median_us": 400.0, "min_us": 390.0, "max_us": 420.0},
+                        "curve": {"median_us": 441.5, "min_us": 430.0, "max_us": 460.0}}}
+    text = rt.table(doc)
+    assert "| curve | 441.5 | 430.0 | 460.0 |" in text and "costs 41.5 us" in text, text
