@@ -4,7 +4,7 @@ import sys
 
 import zmq
 
-from core.config import add_sched_args, config_from_args
+from core.config import add_sched_args, config_from_args, spec_problem
 from core.frontend_link import keys
 from core.ipc.curve import CurveKeyError
 from core.ipc.lifeline import die_with_parent, sigterm_as_interrupt
@@ -39,6 +39,8 @@ def main(argv=None) -> int:
     except CurveKeyError as e:
         print(f"[core] {e}", file=sys.stderr, flush=True)
         return 2
+    if a.speculative and (why := spec_problem(a)):
+        p.error(why)
     cfg = config_from_args(a)
     die_with_parent()
     sigterm_as_interrupt()

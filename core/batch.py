@@ -29,7 +29,8 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
            rows: Sequence[int], params: Sequence[SamplingParams],
            gen_index: Sequence[int], banned: Sequence[Sequence[int]] = (),
            kept: KeptTables | None = None,
-           first: Sequence[bool] | None = None) -> ForwardBatch:
+           first: Sequence[bool] | None = None,
+           offsets: Sequence[int] = ()) -> ForwardBatch:
     """Sequence i has tokens[i] and block table tables[i]. The first num_decode query one
     token, their last (position len - 1); each later one queries positions [start, end) of
     spans[i - num_decode] and has `end` tokens in cache afterwards. Sample row j is
@@ -37,7 +38,8 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
     drawing a token of banned[j] (empty: no bans). Tables are padded with 0 to the widest,
     through `kept` when given (a scheduler's live tables: core/table_growth.py). first[j]:
     row j is its request's first sample since (re)admission (core/first_samples.py; default:
-    the rows of prefill chunks)."""
+    the rows of prefill chunks). offsets[j] (empty: all 0): row j samples the query token
+    that many before its sequence's last (a sequence verifying drafts samples every one)."""
     dec = tokens[:num_decode]
     ctx = [len(t) for t in dec]
     ids = [t[-1] for t in dec]
@@ -65,6 +67,8 @@ def layout(step: int, block_size: int, seq_ids: Sequence[int], tokens: Sequence[
         top_k=I32([p.top_k for p in params]),
         seeds=I64([p.seed if p.seed is not None else 0 for p in params]),
         gen_index=I32(gen_index))
+    if any(offsets):
+        batch.sample_offset = I32(offsets)
     constrained = any(p.constraint is not None for p in params)
     if (constrained or any(banned)
             or any(p.min_p or p.penalized or p.logprobs is not None for p in params)):
@@ -135,36 +139,66 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
                 stop_ids: Mapping[int, Sequence[int]] | None = None,
                 kept: KeptTables | None = None,
                 firsts: FirstSamples | None = None) -> ForwardBatch:
-    """Decodes first (one query token at position n-1), then prefill chunks in order.
+    """Decodes first (one query token at position n-1), then the decodes with drafts
+    (out.drafts: k drafts query positions n-1..n+k-1 and sample all k+1 rows), then
+    prefill chunks in order (docs/DESIGN.md, "Speculative decoding").
 
     A decode and a chunk with `last` sample; the sampled token is the request's k-th
-    generated token, k = len(tokens) - prompt_len (what stateless seeding keys on).
-    stop_ids[id]: the tokens that would end request id (EOS, stop_token_ids), banned
-    while it has fewer than its min_tokens generated tokens. `firsts`: the engine's record of
-    which rows are first samples (without it, a decode never is).
+    generated token, k = len(tokens) - prompt_len (what stateless seeding keys on), plus i
+    for row i of a decode with drafts. stop_ids[id]: the tokens that would end request id
+    (EOS, stop_token_ids), banned while it has fewer than its min_tokens generated tokens.
+    `firsts`: the engine's record of which rows are first samples (without it, a decode
+    never is).
     """
-    n_dec = len(out.decode)
-    seq_ids = [*out.decode, *(ch.id for ch in out.prefill)]
+    plain, spec = _decodes(out)
+    n_dec, n_spec = len(plain), len(plain) + len(spec)
+    seq_ids = [*plain, *spec, *(ch.id for ch in out.prefill)]
     tokens, table = sched.tokens, sched.blocks.block_table
     toks = [tokens(r) for r in seq_ids]
-    rows = list(range(n_dec)) + [n_dec + i for i, ch in enumerate(out.prefill) if ch.last]
-    sample_ids = [seq_ids[r] for r in rows]
     prompt_len = sched.prompt_len
+    drafted = [len(out.drafts[i]) for i in spec]
+    lasts = [n_spec + i for i, ch in enumerate(out.prefill) if ch.last]
+    rows = [*range(n_dec), *(n_dec + s for s, k in enumerate(drafted) for _ in range(k + 1)),
+            *lasts]
+    sample_ids = [seq_ids[r] for r in rows]
     params = [sampling.get(r, GREEDY) for r in sample_ids]
     gen = [len(toks[r]) - prompt_len(i) for r, i in zip(rows, sample_ids)]
+    spans = [(ch.start, ch.start + ch.length) for ch in out.prefill]
+    offsets: list[int] = []
+    if spec:   # row i of k+1 is i tokens later than the decode's own
+        ahead = [i for k in drafted for i in range(k + 1)]
+        gen[n_dec:n_dec + len(ahead)] = [g + i for g, i in zip(gen[n_dec:], ahead)]
+        offsets = [0] * n_dec + [k - i for k in drafted for i in range(k + 1)] + [0] * len(lasts)
+        spans = [(len(toks[n_dec + s]) - 1, len(toks[n_dec + s]) + k)
+                 for s, k in enumerate(drafted)] + spans
+        for s, i in enumerate(spec):
+            toks[n_dec + s] = [*toks[n_dec + s], *out.drafts[i]]
     banned = ()
     if stop_ids is not None and any(p.min_tokens for p in params):
         banned = [stop_ids.get(i, ()) if g < p.min_tokens else ()
                   for i, p, g in zip(sample_ids, params, gen)]
     first = firsts.of(out, tokens) if firsts is not None else None
+    if first is not None and spec:
+        of = dict(zip(out.decode, first))
+        first = [of[i] for i in plain] + [False] * (len(rows) - n_dec - len(lasts)) + first[
+            len(out.decode):]
     return layout(step, sched.blocks.block_tokens(), seq_ids, toks, [table(r) for r in seq_ids],
-                  n_dec, [(ch.start, ch.start + ch.length) for ch in out.prefill], rows,
-                  params, gen, banned, kept, first)
+                  n_dec, spans, rows, params, gen, banned, kept, first, offsets)
+
+
+def _decodes(out) -> tuple[list[int], list[int]]:
+    """out.decode split into those without drafts and those with, each in decode order."""
+    drafts = out.drafts
+    if not drafts:
+        return out.decode, []
+    return [i for i in out.decode if i not in drafts], [i for i in out.decode if i in drafts]
 
 
 def sampled_ids(out) -> list[int]:
     """The request id of each sample row of build_batch(out), in the worker's token order."""
-    return [*out.decode, *(c.id for c in out.prefill if c.last)]
+    plain, spec = _decodes(out)
+    return [*plain, *(i for i in spec for _ in range(len(out.drafts[i]) + 1)),
+            *(c.id for c in out.prefill if c.last)]
 
 
 def fill_ahead(batch: ForwardBatch, step: int, tokens: Sequence[int] | None) -> bool:

@@ -32,6 +32,11 @@ class BlockSpace(Protocol):
         """Free every block of id; `computed` are the tokens whose K/V were written."""
         ...
 
+    def truncate(self, id: Hashable, total: int) -> None:
+        """Free id's blocks past the first ceil(total / B) (rejected drafts' slots). A table
+        that shrinks becomes a new list, so that core/table_growth.py sees a new table."""
+        ...
+
     def block_table(self, id: Hashable) -> Sequence[int]:
         """id's blocks in position order; empty for an id holding none. While id holds
         blocks this is one list that only grows at its end (core/table_growth.py relies
@@ -122,6 +127,14 @@ class FreeListBlocks:
             free = self._free
             for b in table:
                 heapq.heappush(free, b)
+
+    def truncate(self, id: Hashable, total: int) -> None:
+        table = self._tables.get(id)
+        keep = -(-total // self._B)
+        if table is not None and len(table) > keep:
+            for b in table[keep:]:
+                heapq.heappush(self._free, b)
+            self._tables[id] = table[:keep]
 
     def block_table(self, id: Hashable) -> Sequence[int]:
         """The live table (read-only for callers) or an empty tuple."""

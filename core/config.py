@@ -8,6 +8,7 @@ from core.ipc.protocol import ModelInfo
 from core.logrecords import FORMAT
 from core.sched import (Chunked, FreeListBlocks, PrefixCacheBlocks, SchedPolicy, Scheduler,
                         SchedulerConfig, WholePrompt)
+from core.sched_types import MAX_NUM_DRAFT
 
 # The KV layout an engine runs with (its worker's pool, or a step log's meta at replay): a
 # slot (block * block_size + offset) and a position (< max_model_len) travel as int32
@@ -53,18 +54,34 @@ class CoreConfig:
     join: str | None = None    # a frontend's --replica-address (core/frontend_link.py)
     curve: str | None = None   # with join: the key directory (core/ipc/curve.py)
     overlap: bool = True      # plan step N+1 while the worker runs N (core/overlap.py)
+    speculative: str | None = None   # "ngram": speculative decoding (docs/DESIGN.md)
+    num_draft: int = 4               # the most drafts per request and step
+    spec_max_batch: int = 8          # a step speculates with at most this many running
+
+    def num_drafts(self, info: ModelInfo) -> int:
+        """The drafts a request may get (0: no speculation): exact only where a row's
+        logits ignore the batch, so off the batch-invariant mode speculation is off."""
+        if self.speculative is None or not info.batch_invariant:
+            return 0
+        return self.num_draft
 
     def sched_config(self, info: ModelInfo) -> SchedulerConfig:
         limit = min(info.max_model_len, self.max_model_len or info.max_model_len)
         return SchedulerConfig(max_seqs=self.max_seqs, max_batch_tokens=self.max_batch_tokens,
                                max_waiting=self.max_waiting, policy=SchedPolicy[self.policy.upper()],
                                aging_steps=self.aging_steps, max_model_len=limit,
-                               preempt_margin=self.preempt_margin)
+                               preempt_margin=self.preempt_margin,
+                               num_draft=self.num_drafts(info),
+                               spec_max_batch=self.spec_max_batch)
+
+    def overlapped(self, info: ModelInfo) -> bool:
+        """Speculation drafts from settled tokens only, so it runs without overlap."""
+        return self.overlap and not self.num_drafts(info)
 
     def make_engine(self, info: ModelInfo, log=None) -> Engine:
         return build_engine(self.sched_config(info), self.prefill, self.max_chunk,
                             info.block_size, info.num_blocks, info.eos_ids, self.seed, log=log,
-                            prefix_cache=self.prefix_cache, overlap=self.overlap)
+                            prefix_cache=self.prefix_cache, overlap=self.overlapped(info))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -98,6 +115,35 @@ def add_sched_args(p, kv=None, faults=None) -> None:
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="plan each step only after the last one's tokens came back"
                         " (by default step N+1 is planned while the worker runs N)")
+    p.add_argument("--speculative", type=speculative_kind, default=None,
+                   help="speculative decoding: 'ngram' (prompt lookup); needs the"
+                        " batch-invariant mode and turns overlap off (default: off)")
+    p.add_argument("--num-draft", type=int, default=4,
+                   help=f"with --speculative, the most drafts per request and step"
+                        f" (1..{MAX_NUM_DRAFT})")
+    p.add_argument("--spec-max-batch", type=int, default=8,
+                   help="with --speculative, a step speculates only while at most this"
+                        " many requests run")
+
+
+def speculative_kind(v: str) -> str:
+    """--speculative's value: 'ngram'; 'draft:PATH' is refused (not built yet)."""
+    import argparse
+    if v == "ngram":
+        return v
+    if v.startswith("draft:"):
+        raise argparse.ArgumentTypeError(
+            "the draft-model proposer (draft:PATH) is not built yet; use 'ngram'")
+    raise argparse.ArgumentTypeError(f"expected 'ngram', got {v!r}")
+
+
+def spec_problem(a) -> str | None:
+    """Why --num-draft / --spec-max-batch cannot be served, or None."""
+    if not 1 <= a.num_draft <= MAX_NUM_DRAFT:
+        return f"--num-draft must be in [1, {MAX_NUM_DRAFT}], got {a.num_draft}"
+    if a.spec_max_batch < 1:
+        return f"--spec-max-batch must be at least 1, got {a.spec_max_batch}"
+    return None
 
 
 def config_from_args(a) -> CoreConfig:
@@ -109,7 +155,9 @@ def config_from_args(a) -> CoreConfig:
                       prefill=a.prefill, max_chunk=a.max_chunk, seed=a.seed,
                       step_timeout=a.step_timeout, log=a.log, log_errors=a.log_errors,
                       prefix_cache=a.prefix_cache, overlap=a.overlap,
-                      join=getattr(a, "join", None), curve=getattr(a, "curve", None))
+                      join=getattr(a, "join", None), curve=getattr(a, "curve", None),
+                      speculative=a.speculative, num_draft=a.num_draft,
+                      spec_max_batch=a.spec_max_batch)
 
 
 def package_versions() -> dict:
@@ -142,7 +190,7 @@ def log_meta(cfg: CoreConfig, info: ModelInfo) -> dict:
             "dtype": info.dtype, "block_size": info.block_size, "num_blocks": info.num_blocks,
             "model_info": asdict(info), "sched_config": sc,
             "prefill": {"kind": cfg.prefill, "max_chunk": cfg.max_chunk}, "seed": cfg.seed,
-            "prefix_cache": cfg.prefix_cache, "overlap": cfg.overlap,
+            "prefix_cache": cfg.prefix_cache, "overlap": cfg.overlapped(info),
             "start_time": time.time()}
 
 
@@ -170,6 +218,8 @@ def build_engine(sched_config: SchedulerConfig, prefill: str, max_chunk: int, bl
     policy = Chunked(max_chunk) if prefill == "chunked" else WholePrompt()
     pool = (PrefixCacheBlocks if prefix_cache else FreeListBlocks)(block_size, range(num_blocks))
     sched = Scheduler(sched_config, pool, policy)
+    if sched_config.num_draft and overlap:
+        raise ValueError("speculative decoding runs without overlap (docs/DESIGN.md)")
     from core.overlap import OverlapEngine   # it subclasses Engine, which this module imports
     return (OverlapEngine if overlap else Engine)(sched, runner, eos_ids=eos_ids, seed=seed,
                                                    log=log, log_format=log_format)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 import msgpack
 
@@ -22,6 +23,7 @@ from core.request_metrics import RequestClock
 from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
+from core.speculate import kept_rows
 from core.table_growth import KeptTables, TableLedger
 
 SEED_MASK = (1 << 63) - 1
@@ -56,15 +58,28 @@ def derive_seed(engine_seed: int, seq_id: int) -> int:
     return int.from_bytes(h, "little") & SEED_MASK
 
 
-def schedule_json(out: ScheduleOutput, hits=()) -> dict:
+def schedule_json(out: ScheduleOutput, hits=(), accepted=()) -> dict:
     """The step log's schedule column; `hits` ([[id, cached tokens], ...], the admissions
     that hit the prefix cache) only when there are any, so logs without a cache keep their
-    shape."""
+    shape; so are "drafts" ([[id, [drafts]], ...], the decodes verified with drafts) and
+    "accepted" ([[id, drafts kept], ...], known once the step's tokens are)."""
     doc = {"prefill": [[c.id, c.start, c.length, c.last] for c in out.prefill],
            "decode": list(out.decode), "preempted": list(out.preempted)}
     if hits:
         doc["cached"] = [list(h) for h in hits]
+    if out.drafts:
+        doc["drafts"] = [[i, list(d)] for i, d in out.drafts.items()]
+    if accepted:
+        doc["accepted"] = [list(a) for a in accepted]
     return doc
+
+
+def speculative(sampling: SamplingParams) -> bool:
+    """Whether a request may be verified with drafts: not when it opted out, nor when a
+    row's logits depend on the tokens before it in ways the drafts' rows would not see
+    (penalties, min_tokens bans, a grammar; docs/DESIGN.md, "Speculative decoding")."""
+    return (sampling.speculative is True and not sampling.penalized
+            and not sampling.min_tokens and sampling.constraint is None)
 
 
 HASH_PIECE = 2047   # hashlib lets the GIL go for an update of 2 KiB or more
@@ -119,6 +134,15 @@ class Extras:
     """A step's per-row logprobs (StepResult's columns), for the events of its tokens."""
     logprobs: dict[int, float]                       # seq_id -> chosen token's logprob
     top: dict[int, list[list]]                       # seq_id -> [[id, logprob], ...]
+    # a decode verified with drafts: its later rows' (logprob, top), in row order
+    later: dict[int, list[tuple]] = field(default_factory=dict)
+
+    def at(self, seq_id: int, nth: int) -> tuple[float, list | None]:
+        """The logprob and alternatives of seq_id's nth token of the step."""
+        if nth == 0:
+            return self.logprobs.get(seq_id, float("nan")), self.top.get(seq_id)
+        rows = self.later.get(seq_id, ())
+        return rows[nth - 1] if nth <= len(rows) else (float("nan"), None)
 
 
 class Engine:
@@ -149,6 +173,7 @@ class Engine:
         self.prompt_lp = PromptLogprobs()
         self._spans: list = []                          # the planned step's prompt positions
         self.prompt_out: list = []   # the last committed step's prompt logprobs (deliveries)
+        self.accepted: list[list[int]] = []   # the last committed step's [[id, drafts kept]]
 
     def busy(self) -> bool:
         """Some request is unfinished (or, overlapped, a step is in flight)."""
@@ -170,6 +195,8 @@ class Engine:
         check_ranges(req, sampling)
         if sampling.prompt_logprobs is not None:   # a cached prefix has no logits to give
             req = replace(req, cache_hits=False)
+        if not speculative(sampling):
+            req = replace(req, speculative=False)
         seq_id = self.sched.add(req)
         if sampling.prompt_logprobs is not None:
             self.prompt_lp.add(seq_id, sampling.prompt_logprobs, len(req.prompt))
@@ -257,6 +284,9 @@ class Engine:
                        if result is not None and len(result.logprobs) else None)
         self.prompt_out = self._deliver(self._spans, None if abandoned else result)
         outputs, outs = self._outputs(ids, tokens)
+        self.accepted = []
+        if out.drafts and outputs:
+            outputs = self._verify(out.drafts, outputs)
         events = self.sched.on_step(outputs)
         if abandoned:
             self._forget_cache()
@@ -330,7 +360,7 @@ class Engine:
                 hits=None) -> None:
         """outs: [id, token, stop] per sampled row; `hits`: the step's prefix-cache hits
         (default: the last plan's)."""
-        doc = schedule_json(out, self.last_hits if hits is None else hits)
+        doc = schedule_json(out, self.last_hits if hits is None else hits, self.accepted)
         snapshot = self.sched.snapshot()
         if self._ledger is not None:   # tables as lengths and appends (core/table_growth.py)
             *counters, running = snapshot
@@ -347,6 +377,16 @@ class Engine:
         self.step_times.observe(ms)
         self.log.step(StepRecord(step, time.time(), ms, doc, outs, st.free_blocks, st.running,
                                  st.waiting, self.last_hash))
+
+    def _verify(self, drafts: dict, outputs: list[StepOutput]) -> list[StepOutput]:
+        """The outputs each decode with drafts keeps (core/speculate.py); counts its drafts
+        (its metrics)."""
+        kept, self.accepted = kept_rows(drafts, outputs, _ID, _TOKEN, _STOP)
+        for seq_id, n in self.accepted:
+            live = self.live.get(seq_id)
+            if live is not None:
+                live.clock.drafted(len(drafts[seq_id]), n)
+        return kept
 
     def _pop(self, seq_id: int) -> _Live | None:
         self._sampling.pop(seq_id, None)
@@ -374,10 +414,14 @@ class Engine:
                     self.finished_metrics[ev.id] = self._figures(ev.id, live)
 
 
+_ID, _TOKEN, _STOP = attrgetter("id"), attrgetter("token"), attrgetter("stop")
+
+
 def _extras(ids: list[int], result, sampling: dict) -> Extras:
     """StepResult's logprob columns (see core/ipc/protocol.py) keyed by request id: the
-    rows that asked (a number, not NaN) each have their request's `logprobs` alternatives."""
-    lps, top, at = {}, {}, 0
+    rows that asked (a number, not NaN) each have their request's `logprobs` alternatives;
+    a request's later rows (drafts verified) go to `later`."""
+    lps, top, later, at = {}, {}, {}, 0
     tids, tlps = result.top_ids, result.top_logprobs
     for seq_id, lp in zip(ids, result.logprobs):
         if lp != lp:
@@ -385,7 +429,10 @@ def _extras(ids: list[int], result, sampling: dict) -> Extras:
         k = getattr(sampling.get(seq_id), "logprobs", 0) or 0
         if at + k > len(tids):
             raise ValueError("the worker returned fewer top logprobs than the batch asked")
-        lps[seq_id] = lp
-        top[seq_id] = [[tids[i], tlps[i]] for i in range(at, at + k)]
+        alts = [[tids[i], tlps[i]] for i in range(at, at + k)]
+        if seq_id in lps:
+            later.setdefault(seq_id, []).append((lp, alts))
+        else:
+            lps[seq_id], top[seq_id] = lp, alts
         at += k
-    return Extras(lps, top)
+    return Extras(lps, top, later)

@@ -121,6 +121,16 @@ class PrefixCacheBlocks:
             self._clock += 1       # without its head, so its tail is evicted first
             self._unhold(b)
 
+    def truncate(self, id: Hashable, total: int) -> None:
+        """As FreeListBlocks.truncate. The blocks let go hold no computed prefix (drafts
+        never reach `computed`), so they are free at once."""
+        table = self._tables.get(id)
+        keep = -(-total // self._B)
+        if table is not None and len(table) > keep:
+            for b in reversed(table[keep:]):
+                self._unhold(b)
+            self._tables[id] = table[:keep]
+
     def block_table(self, id: Hashable) -> Sequence[int]:
         """The live table (read-only for callers) or an empty tuple."""
         return self._tables.get(id, _EMPTY)

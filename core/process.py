@@ -326,6 +326,7 @@ class CoreLoop:
         figures = self.engine.finished_metrics
         for part in self._prompt_logprobs():   # ahead of the tokens, whose delta takes them
             self.send(StepEvents(fids=I32(), tokens=I32(), finished=[], prompt_logprobs=part))
+        nth: dict[int, int] = {}   # a request's tokens so far this step (drafts verified)
         for ev in events:
             fid = self.fid_of.get(ev.id)
             if fid is None:
@@ -334,8 +335,10 @@ class CoreLoop:
                 fids.append(fid)
                 tokens.append(ev.token)
                 if extras is not None:
-                    lps.append(extras.logprobs.get(ev.id, float("nan")))
-                    tops.append(extras.top.get(ev.id))
+                    k = nth[ev.id] = nth.get(ev.id, -1) + 1
+                    lp, top = extras.at(ev.id, k)
+                    lps.append(lp)
+                    tops.append(top)
             elif isinstance(ev, Finished):
                 finished.append([fid, ev.reason.value, figures.get(ev.id)])
                 del self.fid_of[ev.id], self.seq_of[fid]
@@ -364,6 +367,8 @@ class CoreLoop:
                 "step_ms_total": self.engine.step_ms_total,
                 "step_ms_histogram": self.engine.step_times.snapshot(),
                 **prefix_stats(self.engine.sched.blocks),
+                "draft_tokens": self.engine.sched.draft_tokens,
+                "accepted_tokens": self.engine.sched.accepted_tokens,
                 "pids": {"core": os.getpid(), "worker": self.worker.pid}}
 
     def close(self) -> None:

@@ -23,6 +23,8 @@ class RequestClock:
     priority_at_admission: float | None = None
     preemptions: int = 0
     cached_tokens: int = 0
+    draft_tokens: int = 0     # drafts it was verified with (speculative decoding)
+    accepted_tokens: int = 0  # of them, those kept
 
     def admit(self, step: int, cfg: SchedulerConfig, start: int) -> None:
         """Seen in a prefill chunk starting at `start`: at the first admission, the
@@ -31,6 +33,10 @@ class RequestClock:
             self.admitted = time.monotonic()
             self.priority_at_admission = effective_priority(self.priority, step - self.arrival_step, cfg)
             self.cached_tokens = start
+
+    def drafted(self, drafts: int, accepted: int) -> None:
+        self.draft_tokens += drafts
+        self.accepted_tokens += accepted
 
     def figures(self, log: str | None, seq_id: int | None) -> dict:
         """The metrics sent with the finish; the pinned key "log_id" holds the seq_id.
@@ -41,6 +47,7 @@ class RequestClock:
                 "priority": self.priority_at_admission if self.admitted is not None
                 else float(self.priority),
                 "cached_tokens": self.cached_tokens,
+                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "log": None if log is None else os.path.basename(log), "log_id": seq_id}
 
 

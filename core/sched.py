@@ -16,6 +16,7 @@ from core.blocks import Allocation, BlockSpace, FreeListBlocks, NoCapacity, Pref
 from core.heap import LazyHeap
 from core.prefill import Chunked, PrefillPolicy, WholePrompt
 from core.prefix_cache import PrefixCacheBlocks
+from core.speculate import Drafting
 from core.sched_types import (AdmitError, Chunk, EmptyPrompt, FinishReason, Finished,
                                InvalidRequest, MAX_CACHE_SALT_CHARS, MAX_PRIORITY, NeverFits,
                                QueueFull, Request, RequestId, SchedPolicy, SchedStats,
@@ -34,7 +35,7 @@ __all__ = [
 class _Req:
     __slots__ = ("id", "tokens", "n", "c", "prompt_len", "max_tokens", "key", "arrival",
                  "limit", "rank", "handle", "running", "sample_at", "ahead", "cache_hits",
-                 "salt")
+                 "salt", "k", "drafts", "taken")
 
     def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
                  key: int, arrival: int):
@@ -54,6 +55,9 @@ class _Req:
         self.ahead = -1             # the step whose token is tokens[-1], a placeholder till settled
         self.cache_hits = True      # admission may skip positions the prefix cache holds
         self.salt: str | None = None  # its prefix cache blocks are shared only within a salt
+        self.k = 0                  # drafts it may get in a step (0: never speculated for)
+        self.drafts: list[int] = []  # the last schedule's drafts for it
+        self.taken = 0              # tokens it took in the last on_step (with drafts: 1..k+1)
 
 
 _RANK = attrgetter("rank")
@@ -114,6 +118,12 @@ class Scheduler:
         # [[id, cached tokens], ...]: the last schedule's admissions that hit the prefix cache
         self.last_hits: list[list[int]] = []
         self._margin = self._margin_in_keys(cfg)
+        # speculative decoding (docs/DESIGN.md, "Speculative decoding")
+        self._drafting = (Drafting(cfg.num_draft, cfg.spec_max_batch) if cfg.num_draft
+                          else None)
+        self._spec: list[_Req] = []     # the last schedule's requests with drafts
+        self.draft_tokens = 0           # drafts verified so far
+        self.accepted_tokens = 0        # of them, those the target sampled too
 
     @staticmethod
     def _margin_in_keys(cfg: SchedulerConfig) -> int | None:
@@ -154,6 +164,7 @@ class Scheduler:
                  self._key(req.priority, self._steps), self._steps)
         r.cache_hits = bool(req.cache_hits)
         r.salt = req.cache_salt
+        r.k = cfg.num_draft if req.speculative is True else 0
         self._reqs[seq_id] = r
         r.handle = self._waiting.push(r.rank, r)
         return seq_id
@@ -200,7 +211,8 @@ class Scheduler:
         preempted: list[RequestId] = []
         if self._margin is not None:
             self._preempt_for_head(preempted)
-        decodes, prefilling, budget = self._decode_phase(step, preempted)
+        drafts: dict[RequestId, list[int]] = {}
+        decodes, prefilling, budget = self._decode_phase(step, preempted, drafts)
         chunks: list[tuple[_Req, Chunk]] = []
         if budget > 0:
             alone = not decodes
@@ -208,7 +220,7 @@ class Scheduler:
             if budget > 0:
                 self._admit_phase(chunks, step, budget, alone and not chunks)
         self._last_chunks = chunks
-        return ScheduleOutput([ch for _, ch in chunks], decodes, preempted)
+        return ScheduleOutput([ch for _, ch in chunks], decodes, preempted, drafts)
 
     def _preempt_for_head(self, preempted: list[RequestId]) -> None:
         """Phase 0: a waiting head that outranks the lowest running request by the margin
@@ -226,10 +238,14 @@ class Scheduler:
             self._to_waiting(victim)
             preempted.append(victim.id)
 
-    def _decode_phase(self, step: int, preempted: list[RequestId]):
-        """Phase 1: decodes in rank order. Also collects the prefills in progress (phase 2)
-        in rank order; that list is complete whenever budget is left."""
+    def _decode_phase(self, step: int, preempted: list[RequestId],
+                      drafts: dict[RequestId, list[int]]):
+        """Phase 1: decodes in rank order, each with its drafts when the step speculates.
+        Also collects the prefills in progress (phase 2) in rank order; that list is
+        complete whenever budget is left."""
         budget = self.cfg.max_batch_tokens
+        spec = self._drafting is not None and self._drafting.step_speculates(
+            len(self._running))
         decodes: list[RequestId] = []
         prefilling: list[_Req] = []
         append_slot = self.blocks.append_slot
@@ -250,9 +266,34 @@ class Scheduler:
                 r.sample_at = step
                 schedule_decode(r.id)
                 budget -= 1
+                if spec and r.k and budget:
+                    budget -= self._draft(r, budget, drafts)
             elif d > 1:
                 prefilling.append(r)
         return decodes, prefilling, budget
+
+    def _draft(self, r: _Req, budget: int, drafts: dict[RequestId, list[int]]) -> int:
+        """Give decode r its drafts: k more query tokens at positions n..n+k-1, their KV
+        slots allocated. Drafts never preempt: they take blocks only while every running
+        request keeps one free block for its own decode. Returns k (0: none)."""
+        if r.ahead >= 0:
+            return 0   # its last token is a placeholder (overlapped): nothing to match
+        d = self._drafting.drafts(r.tokens, r.k, min(budget, r.limit - r.n - 1))
+        if not d:
+            return 0
+        blocks = self.blocks
+        need = -(-(r.n + len(d)) // blocks.block_tokens()) - len(blocks.block_table(r.id))
+        if need > 0:
+            if blocks.free_blocks() - need < len(self._running):
+                return 0
+            try:
+                blocks.append_slot(r.id, r.n + len(d))
+            except NoCapacity:
+                return 0
+        r.drafts, r.taken = d, 0
+        drafts[r.id] = d
+        self._spec.append(r)
+        return len(d)
 
     def _make_room(self, r: _Req, preempted: list[RequestId]) -> bool:
         running = self._running
@@ -354,9 +395,13 @@ class Scheduler:
         finished = False
         for o in outputs:
             r = get(o.id)
-            if r is None or r.sample_at != step:
+            if r is None:
                 continue
-            r.sample_at = -1
+            if r.sample_at == step:
+                r.sample_at = -1
+            elif not 0 < r.taken <= len(r.drafts):  # else a verified draft's next token
+                continue
+            r.taken += 1
             n = r.n
             if computed is not None and n // B > r.c // B:
                 computed(r.id, r.tokens, n)
@@ -373,7 +418,23 @@ class Scheduler:
                 finished = True
         if finished:  # one pass, not a list.remove per finished request
             self._running = [r for r in self._running if r.running]
+        if self._spec:
+            self._settle_drafts()
         return events
+
+    def _settle_drafts(self) -> None:
+        """After on_step: the last schedule's speculating requests give back the slots of
+        their rejected drafts (whole blocks past their length) and adapt their k."""
+        for r in self._spec:
+            if r.taken:
+                self.draft_tokens += len(r.drafts)
+                self.accepted_tokens += r.taken - 1
+            if r.running:
+                self.blocks.truncate(r.id, r.n)
+                if r.taken:
+                    r.k = self._drafting.adapt(r.k, len(r.drafts), r.taken - 1)
+            r.drafts = []
+        self._spec = []
 
     def _advance_chunks(self):
         """The last schedule's chunks that do not sample advance; (computed hook, B)."""

@@ -15,6 +15,8 @@ MAX_PRIORITY = 1000
 # A request's cache_salt: the frontend sends a 16-character digest of it; a client's raw
 # salt is held to the same bound (frontend/validate.py).
 MAX_CACHE_SALT_CHARS = 256
+# The most drafts a request gets in one step (scripts/serve --num-draft).
+MAX_NUM_DRAFT = 16
 
 
 class SchedPolicy(Enum):
@@ -39,10 +41,17 @@ class SchedulerConfig:
     aging_steps: int | None = 32     # None: strict priority
     max_model_len: int = 2048
     preempt_margin: int | None = None  # in priority levels; None: never preempt for arrivals
+    # speculative decoding (core/speculate.py): at most num_draft drafts per request and
+    # step (0: off), only in steps with at most spec_max_batch requests running
+    num_draft: int = 0
+    spec_max_batch: int = 8
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batch_tokens", "max_waiting", "max_model_len"):
             _positive(name, getattr(self, name))
+        _positive("spec_max_batch", self.spec_max_batch)
+        if type(self.num_draft) is not int or not 0 <= self.num_draft <= MAX_NUM_DRAFT:
+            raise ValueError(f"num_draft must be an int in [0, {MAX_NUM_DRAFT}], got {self.num_draft!r}")
         for name in ("aging_steps", "preempt_margin"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
@@ -62,6 +71,7 @@ class Request:
     priority: int = 0
     cache_hits: bool = True   # False: admission computes every position (prompt logprobs)
     cache_salt: str | None = None   # only requests of equal salt share cached blocks
+    speculative: bool = True  # False: never drafted for (the engine decides, core/engine.py)
 
 
 class AdmitError(Exception):
@@ -132,6 +142,8 @@ class ScheduleOutput:
     prefill: list[Chunk] = field(default_factory=list)
     decode: list[RequestId] = field(default_factory=list)
     preempted: list[RequestId] = field(default_factory=list)
+    # decodes verified with drafts (speculative decoding): id -> its drafts, in decode order
+    drafts: dict[RequestId, list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

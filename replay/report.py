@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from core.speculate import kept_outputs
 from replay.logfile import LogFile
 
 SPARK = " .:-=+*#%@"
@@ -31,7 +32,7 @@ def summary(log: LogFile) -> str:
     reqs = log.requests
     first = _first_admission(log)
     preempt = sum(len(r.schedule["preempted"]) for r in rows)
-    tokens = sum(len(r.outputs) for r in rows)
+    tokens = sum(len(kept_outputs(r.schedule, r.outputs)) for r in rows)
     aborts = sum(1 for r in reqs.values() if r["finish_reason"] == "abort")
     total = log.meta["num_blocks"]
     used = [total - r.free_blocks for r in rows]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from core.config import engine_from_meta
 from core.ipc.protocol import SamplingParams
 from core.sched import AdmitError, Request, TokenEvent
+from core.speculate import kept_outputs
 from replay.logfile import DamagedLog, LogFile
 
 
@@ -38,7 +39,7 @@ def logged_tokens(log: LogFile, seq_id: int) -> list[int]:
     out = log.requests[seq_id].get("output_tokens")
     if out is not None:
         return list(out)
-    return [tok for row in log.steps() for sid, tok, _ in row.outputs if sid == seq_id]
+    return [tok for row in log.steps() for sid, tok, _ in kept_outputs(row.schedule, row.outputs) if sid == seq_id]
 
 
 def rerun(log: LogFile, seq_id: int, runner) -> Rerun:

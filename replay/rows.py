@@ -7,7 +7,7 @@ from operator import itemgetter
 from core.ipc.protocol import CONSTRAINT_KINDS
 from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
-from core.sched_types import FINISH_REASONS, MAX_CACHE_SALT_CHARS
+from core.sched_types import FINISH_REASONS, MAX_CACHE_SALT_CHARS, MAX_NUM_DRAFT
 from replay.bounds import Bounds, check_request, meta_bounds
 from replay.damage import (DamagedLog, boolean, clock, int_list, integer, mapping, number,
                            one_of, optional, parsed, rows, text, within)
@@ -21,8 +21,11 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
             "stop_token_ids": lambda v, w: optional(int_list, v, w, 0),
             "logprobs": lambda v, w: optional(integer, v, w, 0),
             "prompt_logprobs": lambda v, w: optional(integer, v, w, 0),
-            "constraint": lambda v, w: optional(_constraint, v, w)}
+            "constraint": lambda v, w: optional(_constraint, v, w),
+            "speculative": boolean}
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
+# speculative decoding's (logs made before it lack them: no speculation), and their floor
+SPEC_SCHED = {"num_draft": 0, "spec_max_batch": 1}
 _FIRST = itemgetter(0)
 META = ("model", "block_size", "num_blocks", "seed", "model_info", "sched_config", "prefill")
 QUANT_MODES = {"gguf", "q8_0", "q4_0", "none"}   # worker/quantized.py
@@ -62,7 +65,8 @@ def check_meta(meta: dict) -> Bounds:
     for key, value in mapping(meta.get("versions", {}), "meta versions").items():
         optional(text, value, f"meta versions {key}")
     _check_sched_config(mapping(meta["sched_config"], "meta sched_config",
-                                [f.name for f in fields(SchedulerConfig)]))
+                                [f.name for f in fields(SchedulerConfig)
+                                 if f.name not in SPEC_SCHED]))
     pf = mapping(meta["prefill"], "meta prefill", ("kind", "max_chunk"))
     one_of(pf["kind"], "meta prefill kind", {"chunked", "whole"})
     integer(pf["max_chunk"], "meta prefill max_chunk", 1)
@@ -77,7 +81,11 @@ def _check_sched_config(sc: dict) -> None:
         if f.name == "policy":
             continue
         where = f"meta sched_config {f.name}"
-        if f.name in OPTIONAL_SCHED:
+        if f.name in SPEC_SCHED:
+            if f.name in sc:
+                integer(sc[f.name], where, SPEC_SCHED[f.name],
+                        MAX_NUM_DRAFT if f.name == "num_draft" else None)
+        elif f.name in OPTIONAL_SCHED:
             optional(integer, sc[f.name], where, 1)
         else:
             integer(sc[f.name], where, 1)
@@ -204,6 +212,13 @@ def _schedule(doc, where: str, b: Bounds) -> dict:
     if "cached" in doc:   # prefix-cache hits of the step's admissions
         cached = rows(doc["cached"], f"{where} cached", (int, int))
         within(cached, f"{where} cached", 1, "tokens", 0, b.max_model_len)
+    if "drafts" in doc:   # decodes verified with drafts (docs/DESIGN.md, "Speculative decoding")
+        for seq_id, drafts in rows(doc["drafts"], f"{where} drafts", (int, list)):
+            b.tokens(drafts, f"{where} drafts of request {seq_id}")
+            integer(len(drafts), f"{where} drafts of request {seq_id}", 1, MAX_NUM_DRAFT)
+    if "accepted" in doc:
+        accepted = rows(doc["accepted"], f"{where} accepted", (int, int))
+        within(accepted, f"{where} accepted", 1, "drafts kept", 0, MAX_NUM_DRAFT)
     return doc
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.speculate import kept_outputs
 from replay.logfile import LogFile
 
 
@@ -67,7 +68,7 @@ def recorded(log: LogFile) -> Recorded:
                           tuple(tuple(c) for c in sched["prefill"]), tuple(sched["decode"]),
                           tuple(n[i] for i in sched["decode"]), tuple(sched["preempted"]),
                           sampled, prev, not (abandoned or restarted)))
-        for seq_id, token, _ in row.outputs:
+        for seq_id, token, _ in kept_outputs(sched, row.outputs):
             n[seq_id] += 1
             tokens[seq_id].append(token)
         prev = len(sampled)

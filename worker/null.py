@@ -70,8 +70,9 @@ class NullRunner:
     def execute(self, batch: ForwardBatch) -> I32:
         qs, ids, pos = batch.query_start, batch.input_ids, batch.positions
         vocab = self.info.vocab_size
-        out = I32(null_token(ids[qs[r + 1] - 1], pos[qs[r + 1] - 1], vocab)
-                  for r in batch.sample_rows)
+        back = batch.sample_offset or [0] * len(batch.sample_rows)
+        out = I32(null_token(ids[qs[r + 1] - 1 - b], pos[qs[r + 1] - 1 - b], vocab)
+                  for r, b in zip(batch.sample_rows, back))
         starts = batch.banned_start
         for j in range(len(starts) - 1):
             out[j] = unbanned(out[j], set(batch.banned[starts[j]:starts[j + 1]]), vocab)

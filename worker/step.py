@@ -91,9 +91,17 @@ def _per_row(batch: ForwardBatch, kv: torch.Tensor, slots, tables, ctx, qlen,
 
 
 def _keep(batch: ForwardBatch, qs: torch.Tensor) -> torch.Tensor:
-    """The last query token of each sample row, then the prompt-logprob rows (zero cost
-    for a batch without them: that column is empty)."""
-    keep = qs[1:][_long(batch.sample_rows)] - 1
+    """The last query token of each sample row (sample_offset before it, where given),
+    then the prompt-logprob rows (zero cost for a batch without them: that column is
+    empty)."""
+    rows = _long(batch.sample_rows)
+    keep = qs[1:][rows] - 1
+    if len(batch.sample_offset):
+        back = _long(batch.sample_offset)
+        if len(back) != len(rows) or int(back.min()) < 0 or bool(
+                (back >= (qs[1:] - qs[:-1])[rows]).any()):
+            raise ValueError("sample_offset points outside its sequences' query tokens")
+        keep = keep - back
     if len(batch.prompt_rows) == 0:
         return keep
     rows = _long(batch.prompt_rows)

@@ -54,6 +54,7 @@ class SamplingParams:
     logprobs: int | None = None            # None: none; k: the chosen token's and top k
     prompt_logprobs: int | None = None     # None: none; k: each prompt token's and top k
     constraint: Constraint | None = None   # structured outputs (docs/structured.md)
+    speculative: bool = True               # False: never verified with drafts
 
     def __post_init__(self):   # the step log holds it as a JSON object (replay)
         if isinstance(self.constraint, dict):
@@ -292,7 +293,10 @@ class ForwardBatch:
     block_tables[i*table_width:(i+1)*table_width] (padded with 0 past its blocks).
     sample_rows lists the sequences whose last query token is sampled, in output order;
     row j samples with temperature[j], top_p[j], top_k[j], seeds[j] and is the
-    gen_index[j]-th generated token of its request.
+    gen_index[j]-th generated token of its request. sample_offset, empty (all 0) or one
+    per sample row: row j samples the query token sample_offset[j] before its sequence's
+    last (a decode verifying k drafts samples each of its k+1 tokens; docs/DESIGN.md,
+    "Speculative decoding").
 
     The logits processors' columns are each either empty (no row of the step uses the
     feature) or one entry per sample row: min_p; presence, frequency and repetition
@@ -348,6 +352,7 @@ class ForwardBatch:
     grammar_tokens: I32 = field(default_factory=I32)
     grammar_start: I32 = field(default_factory=I32)
     grammar_specs: list[list[str]] = field(default_factory=list)
+    sample_offset: I32 = field(default_factory=I32)
 
     @property
     def num_seqs(self) -> int:

@@ -51,6 +51,9 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
         core.append("--no-prefix-cache")
     if not a.overlap:
         core.append("--no-overlap")
+    if a.speculative:
+        core += ["--speculative", a.speculative, "--num-draft", str(a.num_draft),
+                 "--spec-max-batch", str(a.spec_max_batch)]
     worker = py + ["worker", "--to-core", ep["wk_in"], "--from-core", ep["wk_out"],
                    *worker_args(a)]
     return core, worker

@@ -32,7 +32,7 @@ from core.ipc.channel import is_loopback
 from core.ipc.curve import REPLICAS, CurveKeyError, bind_problem, load_peer, load_server
 from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
-from core.config import add_sched_args
+from core.config import add_sched_args, spec_problem
 from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from frontend.http.api_keys import add_key_args
@@ -185,6 +185,9 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     if why := worker_problem(a):
+        print(f"serve: {why}", file=sys.stderr)
+        return 2
+    if a.speculative and (why := spec_problem(a)):
         print(f"serve: {why}", file=sys.stderr)
         return 2
     keys_env, why = gateway_env(a)
