@@ -13,7 +13,7 @@ from core.step_times import merge_snapshots
 
 SUMMED = ("running", "waiting", "free_blocks", "total_blocks", "steps", "preemptions",
           "finished", "step_ms_total", "cached_blocks", "prefix_query_tokens",
-          "prefix_hit_tokens", "prefix_recompute_hit_tokens")
+          "prefix_hit_tokens", "prefix_recompute_hit_tokens", "draft_tokens", "accepted_tokens")
 HISTOGRAM = "step_ms_histogram"   # summed bucket by bucket (core/step_times.py)
 
 

@@ -16,7 +16,7 @@ from frontend.events import RequestEvents
 from frontend.stops import StopMatcher
 
 METRIC_KEYS = ("queue_ms", "ttft_ms", "e2e_ms", "preemptions", "priority", "cached_tokens",
-               "log", "log_id")
+               "log", "log_id", "draft_tokens", "accepted_tokens")
 
 
 @dataclass

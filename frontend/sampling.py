@@ -28,4 +28,5 @@ def sampling_of(msg: Generate, seed: int | None = None) -> SamplingParams:
                           msg.presence_penalty, msg.frequency_penalty, msg.repetition_penalty,
                           msg.min_tokens, msg.stop_token_ids, msg.logprobs,
                           msg.prompt_logprobs,
-                          constraint_of(msg.response_format, msg.structured_outputs))
+                          constraint_of(msg.response_format, msg.structured_outputs),
+                          speculative=msg.speculative)

@@ -58,6 +58,8 @@ def check_fields(req, max_model_len: int | None = None, vocab_size: int | None =
         _stops(req.stop)
     _processors(req, vocab_size)
     _cache_salt(getattr(req, "cache_salt", None))
+    if type(getattr(req, "speculative", True)) is not bool:
+        raise InvalidField("speculative must be true or false", "speculative")
 
 
 def _processors(req, vocab_size: int | None) -> None:

@@ -17,3 +17,23 @@ def make_checkpoint(tmp_path_factory, name: str, seed: int, config: dict,
                                     "tie_word_embeddings": False,
                                     "max_position_embeddings": 1024, **config}), path)
     return path
+
+
+def echo_checkpoint(tmp_path_factory) -> Path:
+    """A model that mostly repeats its last token: embeddings of std 1 tied to the LM head,
+    layers of small weights (which still move every logit a little, so a wrong K/V shows in
+    the logprobs). Greedy, it copies; seeded at a temperature near 8 it strays now and then,
+    so prompt lookup's drafts are both accepted and rejected (a random preset never repeats
+    itself enough for them to be right)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    path = make_checkpoint(tmp_path_factory, "echo", 3, {
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512}, init_std=0.02)
+    weights = load_file(path / "model.safetensors")
+    embed = torch.randn(weights["model.embed_tokens.weight"].shape,
+                        generator=torch.Generator().manual_seed(0))
+    weights["model.embed_tokens.weight"], weights["lm_head.weight"] = embed, embed.clone()
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return path

@@ -24,18 +24,25 @@ def verify_log(path, *extra) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def group(request, tmp_path_factory) -> Group:
-    """A group on the tiny preset; a test module sets GROUP_ARGS for other flags and
-    GROUP_ENV for variables added to the group's environment."""
-    args = getattr(request.module, "GROUP_ARGS", [])
-    env = getattr(request.module, "GROUP_ENV", None)
-    g = start_group(tmp_path_factory.mktemp("group"), args, env=env)
+def serving(tmp: Path, args, env=None, verify=((),)):
+    """A group (scripts/serve with `args`) for the caller's tests, stopped afterwards; it must
+    exit 0 and its step logs verify under each of `verify`'s extra arguments."""
+    g = start_group(tmp, args, env=env)
     try:
         yield g
     finally:
         code = g.stop()
     assert code == 0, g.tail()
     for log in g.logs():
-        r = verify_log(log)
-        assert r.returncode == 0, r.stdout + r.stderr
+        for extra in verify:
+            r = verify_log(log, *extra)
+            assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def group(request, tmp_path_factory) -> Group:
+    """A group on the tiny preset; a test module sets GROUP_ARGS for other flags and
+    GROUP_ENV for variables added to the group's environment."""
+    args = getattr(request.module, "GROUP_ARGS", [])
+    env = getattr(request.module, "GROUP_ENV", None)
+    yield from serving(tmp_path_factory.mktemp("group"), args, env)

@@ -123,6 +123,8 @@ class Generate:
     key_hash: str | None = None
     # only requests of equal salt share prefix cache blocks (docs/security.md)
     cache_salt: str | None = None
+    # False: never verified with drafts (docs/DESIGN.md, "Speculative decoding")
+    speculative: bool = True
 
 
 @message("abort")

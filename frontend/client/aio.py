@@ -74,7 +74,8 @@ class AsyncClient(RequestStream):
                        include_stop_str_in_output=False, skip_special_tokens=True,
                        add_special_tokens=True, user=None, max_tokens_must_fit=False,
                        prompt_logprobs=None, response_format=None,
-                       structured_outputs=None, key_hash=None, cache_salt=None) -> Result:
+                       structured_outputs=None, key_hash=None, cache_salt=None,
+                       speculative=True) -> Result:
         """The whole answer; stream() (RequestStream) gives it delta by delta."""
         msg = generate_of(locals())
         result = Result(msg.request_id)

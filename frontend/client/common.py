@@ -85,7 +85,8 @@ def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, se
                   include_stop_str_in_output=False, skip_special_tokens=True,
                   add_special_tokens=True, user=None, max_tokens_must_fit=False,
                   prompt_logprobs=None, response_format=None,
-                  structured_outputs=None, key_hash=None, cache_salt=None) -> Generate:
+                  structured_outputs=None, key_hash=None, cache_salt=None,
+                  speculative=True) -> Generate:
     """The request a generate() or stream() call asks for, with those methods' parameters
     (README's API table says what each does)."""
     if isinstance(stop, str):
@@ -102,7 +103,7 @@ def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, se
                     min_tokens, stop_token_ids, include_stop_str_in_output,
                     skip_special_tokens, add_special_tokens, user, max_tokens_must_fit,
                     prompt_logprobs, response_format, structured_outputs, key_hash,
-                    cache_salt)
+                    cache_salt, speculative)
 
 
 def generate_of(call: dict) -> Generate:
@@ -122,7 +123,8 @@ class RequestStream:
                skip_special_tokens=True, add_special_tokens=True, user=None,
                max_tokens_must_fit=False,
                prompt_logprobs=None, response_format=None, structured_outputs=None,
-               key_hash=None, cache_salt=None) -> Iterator[Delta] | AsyncIterator[Delta]:
+               key_hash=None, cache_salt=None,
+               speculative=True) -> Iterator[Delta] | AsyncIterator[Delta]:
         """Deltas as they come: `for d in client.stream(...)`, `async for` on an AsyncClient.
         The request is sent when iteration starts; closing or dropping the iterator before
         the last delta aborts it."""

@@ -19,7 +19,7 @@ _COMMON = {"model", "n", "stream", "stream_options", "temperature", "top_p", "se
            "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
            "include_stop_str_in_output", "skip_special_tokens", "ignore_eos",
            "add_special_tokens", "priority", "response_format", "structured_outputs",
-           "cache_salt"}
+           "cache_salt", "speculative"}
 COMPLETION = frozenset(_COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix",
                                   "prompt_logprobs"})
 CHAT = frozenset(_COMMON | {"prompt_logprobs",

@@ -39,7 +39,7 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("tl_engine_steps", "engine steps run", value=s["steps"])
         yield _gauge("tl_kv_blocks_cached", "free KV blocks holding a reusable prefix",
                      s.get("cached_blocks", 0))
-        for name, doc in PREFIX_COUNTERS:
+        for name, doc in PREFIX_COUNTERS + SPEC_COUNTERS:
             yield CounterMetricFamily(f"tl_{name}", doc, value=s.get(name, 0))
         yield from replica_gauges(s.get("replicas") or [])
         hist = s.get("step_ms_histogram")
@@ -60,6 +60,9 @@ PREFIX_COUNTERS = (
     ("prefix_query_tokens", "prompt tokens looked up in the prefix cache at admissions"),
     ("prefix_hit_tokens", "of those, tokens served from the cache"),
     ("prefix_recompute_hit_tokens", "of the hits, a preempted request's own earlier blocks"))
+SPEC_COUNTERS = (
+    ("draft_tokens", "speculative decoding: draft tokens verified"),
+    ("accepted_tokens", "of those, drafts the model sampled too (kept)"))
 
 
 REPLICA_GAUGES = (

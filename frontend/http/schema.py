@@ -227,7 +227,8 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
         user=get(body, "user", STR), max_tokens_must_fit=explicit,
         prompt_logprobs=prompt_logprobs, response_format=body.get("response_format"),
         structured_outputs=body.get("structured_outputs"),
-        cache_salt=get(body, "cache_salt", STR))
+        cache_salt=get(body, "cache_salt", STR),
+        speculative=get(body, "speculative", BOOL, True))
 
 
 def _top_k(body: dict) -> int:

@@ -42,7 +42,7 @@ KEYWORD_PARAMS = {"logprobs": None, "min_p": 0.0, "presence_penalty": 0.0,
                   "skip_special_tokens": True, "add_special_tokens": True, "user": None,
                   "max_tokens_must_fit": False, "prompt_logprobs": None,
                   "response_format": None, "structured_outputs": None, "key_hash": None,
-                  "cache_salt": None}
+                  "cache_salt": None, "speculative": True}
 REQUEST_METHODS = [Client.generate, Client.stream, AsyncClient.generate, AsyncClient.stream]
 
 

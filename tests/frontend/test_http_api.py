@@ -21,7 +21,7 @@ gateway, oai, engine = test_http.gateway, test_http.oai, test_http.engine  # sha
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 TL_KEYS = {"queue_ms", "ttft_ms", "e2e_ms", "preemptions", "priority", "cached_tokens", "log",
-           "log_id"}
+           "log_id", "draft_tokens", "accepted_tokens"}
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from core.config import build_engine
 from core.ipc.protocol import SamplingParams
@@ -16,7 +15,7 @@ from core.sched import Request, SchedulerConfig, TokenEvent
 from worker import native
 from worker.load import make_runner
 
-from tests.checkpoints import make_checkpoint
+from tests.checkpoints import echo_checkpoint
 
 pytestmark = pytest.mark.skipif(native.kernel() is None,
                                 reason="no C compiler: the mode needs the C attention kernel")
@@ -24,22 +23,8 @@ pytestmark = pytest.mark.skipif(native.kernel() is None,
 
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory):
-    """A model that mostly repeats its last token: embeddings of std 1 tied to the LM head,
-    layers of small weights (which still move every logit a little, so a wrong K/V shows
-    in the logprobs). Greedy, it copies; seeded at a high temperature, it strays now and
-    then, so drafts are both accepted and rejected. A random preset never repeats itself
-    enough for prompt lookup to be right."""
-    from safetensors.torch import load_file, save_file
-    path = make_checkpoint(tmp_path_factory, "echo", 3, {
-        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": 512}, init_std=0.02)
-    weights = load_file(path / "model.safetensors")
-    embed = torch.randn(weights["model.embed_tokens.weight"].shape,
-                        generator=torch.Generator().manual_seed(0))
-    weights["model.embed_tokens.weight"], weights["lm_head.weight"] = embed, embed.clone()
-    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
-    return make_runner(str(path), num_blocks=96, batch_invariant=True)
+    return make_runner(str(echo_checkpoint(tmp_path_factory)), num_blocks=96,
+                       batch_invariant=True)
 
 
 def workload(vocab: int, n: int = 64) -> list[tuple[list[int], int, SamplingParams]]:
