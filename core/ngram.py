@@ -3,9 +3,12 @@ for a request are the tokens that followed the latest earlier occurrence of its 
 tokens, in its prompt and output so far, n from MAX_N down to 1.
 
 A pure function of the token list: replay proposes the same drafts from the same tokens.
+The search runs in C (bytes.rfind over the tokens as int32 bytes), not a Python loop: it
+scans the whole context of every speculating request every step.
 """
 from __future__ import annotations
 
+from array import array
 from typing import Sequence
 
 MAX_N = 3
@@ -16,13 +19,17 @@ def propose(tokens: Sequence[int], k: int, max_n: int = MAX_N) -> list[int]:
     before wins, and among its occurrences the latest one (the nearest context); [] when
     no suffix of one token or more occurred before, or k < 1."""
     size = len(tokens)
-    if k < 1:
+    if k < 1 or size < 2:
         return []
+    data = array("i", tokens)
+    w = data.itemsize
+    data = data.tobytes()
     for n in range(min(max_n, size - 1), 0, -1):
-        tail = list(tokens[size - n:])
-        last = tail[-1]
-        # a match ends at i < size - 1, so at least one token follows it
-        for i in range(size - 2, n - 2, -1):
-            if tokens[i] == last and list(tokens[i - n + 1:i + 1]) == tail:
-                return list(tokens[i + 1:i + 1 + k])
+        tail = data[w * (size - n):]
+        end = w * (size - 1)   # a match ends before the last token: one token follows it
+        while (at := data.rfind(tail, 0, end)) >= 0:
+            if at % w == 0:
+                start = at // w + n
+                return list(tokens[start:start + k])
+            end = at + len(tail) - 1   # a match across token boundaries: look before it
     return []

@@ -85,6 +85,23 @@ def test_propose_takes_the_longest_suffix_and_its_latest_match():
     assert propose([1, 1, 1], 0) == []
 
 
+def _scan(tokens, k):
+    """propose's rule as a plain scan."""
+    for n in range(min(3, len(tokens) - 1), 0, -1):
+        for i in range(len(tokens) - 2, n - 2, -1):
+            if tokens[i - n + 1:i + 1] == tokens[len(tokens) - n:]:
+                return tokens[i + 1:i + 1 + k]
+    return []
+
+
+def test_propose_is_the_plain_scan_even_where_bytes_match_across_tokens():
+    rng = random.Random(4)
+    for _ in range(2000):   # multiples of 300 share bytes with small ids at other offsets
+        toks = [rng.randrange(4) * rng.choice((1, 300, 65536)) for _ in range(rng.randint(1, 40))]
+        k = rng.randint(1, 5)
+        assert propose(toks, k) == _scan(toks, k)
+
+
 def test_drafts_adapt_to_acceptance():
     d = Drafting(num_draft=8, max_batch=4)
     assert d.adapt(8, 8, 3) == 4 and d.adapt(1, 1, 0) == 1
