@@ -40,6 +40,8 @@ def scheduler_for(meta: dict, knobs: Knobs) -> Scheduler:
     """The log's scheduler (core/config.py engine_from_meta) with the knobs applied."""
     sc = dict(meta["sched_config"])
     sc["policy"] = SchedPolicy[(knobs.policy or sc["policy"]).upper()]
+    # without speculation: the step model has no term for drafts, nor a model to verify them
+    sc["num_draft"] = 0
     for name in ("max_seqs", "max_batch_tokens"):
         if getattr(knobs, name) is not None:
             sc[name] = getattr(knobs, name)

@@ -17,7 +17,9 @@ from core.sched import Request, TokenEvent
 from core.speculate import Drafting
 from core.steplog import StepLog
 from replay.logfile import LogFile
+from replay.timeline import recorded
 from replay.verify import verify
+from replay.whatif import predict
 from worker.null import NullRunner
 
 EOS = 256
@@ -240,12 +242,16 @@ def test_off_the_batch_invariant_mode_nothing_is_drafted():
 def test_a_speculative_log_replays_and_an_old_meta_reads_as_off(tmp_path):
     runner = Cycle(num_blocks=64, block_size=4)
     path = tmp_path / "spec.db"
-    eng = engine(runner, path)
+    eng = engine(runner, path, max_seqs=4)   # steps enough for what-if's step-time fit
     run(eng, workload(12, seed=5))
     eng.log.close()
     lf = LogFile(str(path))
     assert any("drafts" in r.schedule and "accepted" in r.schedule for r in lf.steps())
     assert verify(lf).ok and verify(lf, runner).ok
+    rec = recorded(lf)   # what-if reads it as the tokens each request kept, and predicts
+    assert sum(len(t) for t in rec.tokens.values()) == sum(   # a run without speculation
+        len(r["output_tokens"]) for r in lf.requests.values())
+    assert predict(lf).doc["predicted"]
     meta = dict(lf.meta, sched_config={k: v for k, v in lf.meta["sched_config"].items()
                                        if k not in ("num_draft", "spec_max_batch")})
     assert engine_from_meta(meta).sched.cfg.num_draft == 0
