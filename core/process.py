@@ -17,13 +17,14 @@ from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.frontend_link import BEAT_S, FrontendLink
 from core.frontend_watch import FrontendWatch
-from core.ipc.protocol import (F64, AbortRequest, AddRequest, CoreReady, CoreStats, Hello,
+from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Hello,
                            I32, JoinRefused, ProtocolError, Rejected, StatsQuery, StepEvents,
                            StepResult, StopRequest, WorkerReady)
 from core.prompt_logprobs import parts
+from core.step_events import step_messages
 from core.steplog import StepLog
 from core.worker_link import WorkerDied, WorkerLink, WorkerLost
-from core.sched import AdmitError, Finished, NeverFits, QueueFull, Request, TokenEvent
+from core.sched import AdmitError, NeverFits, QueueFull, Request
 
 
 RESTART_WAIT_S = 300.0   # how long the core waits for a replacement worker
@@ -324,31 +325,15 @@ class CoreLoop:
         return e.param
 
     def publish(self, events: list) -> None:
-        fids, tokens, finished = I32(), I32(), []
-        extras, lps, tops = self.engine.extras, F64(), []
         figures = self.engine.finished_metrics
         for part in self._prompt_logprobs():   # ahead of the tokens, whose delta takes them
             self.send(StepEvents(fids=I32(), tokens=I32(), finished=[], prompt_logprobs=part))
-        nth: dict[int, int] = {}   # a request's tokens so far this step (drafts verified)
-        for ev in events:
-            fid = self.fid_of.get(ev.id)
-            if fid is None:
-                continue
-            if isinstance(ev, TokenEvent):
-                fids.append(fid)
-                tokens.append(ev.token)
-                if extras is not None:
-                    k = nth[ev.id] = nth.get(ev.id, -1) + 1
-                    lp, top = extras.at(ev.id, k)
-                    lps.append(lp)
-                    tops.append(top)
-            elif isinstance(ev, Finished):
-                finished.append([fid, ev.reason.value, figures.get(ev.id)])
-                del self.fid_of[ev.id], self.seq_of[fid]
+        messages, ended = step_messages(events, self.fid_of, self.engine.extras, figures)
+        for seq_id in ended:
+            del self.seq_of[self.fid_of.pop(seq_id)]
         figures.clear()
-        if fids or finished:
-            self.send(StepEvents(fids=fids, tokens=tokens, finished=finished, logprobs=lps,
-                                 top_logprobs=tops))
+        for msg in messages:
+            self.send(msg)
 
     def _prompt_logprobs(self) -> list[list]:
         """The step's prompt logprobs by fid (read before the step's finishes forget

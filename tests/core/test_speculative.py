@@ -13,8 +13,9 @@ import pytest
 from core.config import CoreConfig, engine_from_meta, log_meta
 from core.ipc.protocol import I32, SamplingParams
 from core.ngram import propose
-from core.sched import Request, TokenEvent
+from core.sched import FinishReason, Finished, Request, TokenEvent
 from core.speculate import Drafting
+from core.step_events import step_messages
 from core.steplog import StepLog
 from replay.logfile import LogFile
 from replay.timeline import recorded
@@ -255,3 +256,15 @@ def test_a_speculative_log_replays_and_an_old_meta_reads_as_off(tmp_path):
     meta = dict(lf.meta, sched_config={k: v for k, v in lf.meta["sched_config"].items()
                                        if k not in ("num_draft", "spec_max_batch")})
     assert engine_from_meta(meta).sched.cfg.num_draft == 0
+
+
+def test_a_step_of_several_tokens_per_request_goes_out_one_token_per_request_a_message():
+    events = [TokenEvent(0, 5), TokenEvent(0, 6), TokenEvent(1, 9), TokenEvent(0, 7),
+              Finished(1, FinishReason.LENGTH), TokenEvent(2, 1)]
+    msgs, ended = step_messages(events, {0: 10, 1: 11}, None, {1: {"x": 1}})
+    assert [(list(m.fids), list(m.tokens)) for m in msgs] == [
+        ([10, 11], [5, 9]), ([10], [6]), ([10], [7])]
+    assert [m.finished for m in msgs] == [[], [], [[11, "length", {"x": 1}]]]
+    assert ended == [1]
+    msgs, _ = step_messages([Finished(0, FinishReason.STOP)], {0: 10}, None, {})
+    assert len(msgs) == 1 and msgs[0].finished == [[10, "stop", None]]

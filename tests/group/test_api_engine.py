@@ -21,7 +21,7 @@ from worker.preset_tokenizer import build_tokenizer
 
 PROMPT = "The quick brown fox"
 METRICS = {"queue_ms", "ttft_ms", "e2e_ms", "preemptions", "priority", "cached_tokens",
-           "log", "log_id"}
+           "log", "log_id", "draft_tokens", "accepted_tokens"}
 
 
 @pytest.fixture(scope="module")

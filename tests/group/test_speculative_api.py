@@ -65,6 +65,16 @@ def test_stop_strings_end_a_speculative_request_where_plain_decoding_does(client
     assert on.text == off.text and on.token_ids == off.token_ids
 
 
+def test_a_stop_string_inside_a_step_of_several_tokens_ends_at_its_token(client):
+    """Greedy, the echo model repeats the prompt's last byte and every draft is kept: after
+    the prefill's token, steps of 2 tokens (prompt lookup's latest match of "z" has one
+    token after it), so the sixth token, completing the stop string, comes with a seventh."""
+    on, off = both_ways(client, "xyz" * 6, max_tokens=40, stop="z" * 6)
+    assert on.finish_reason == off.finish_reason == "stop"
+    assert on.token_ids == off.token_ids and len(on.token_ids) == 6
+    assert on.metrics["accepted_tokens"] > 0
+
+
 def test_stats_and_metrics_report_drafts(spec_group, client):
     client.generate("abab" * 8, max_tokens=16, ignore_eos=True)
     st = client.stats()
