@@ -15,9 +15,10 @@ MAX_N = 3
 
 
 def propose(tokens: Sequence[int], k: int, max_n: int = MAX_N) -> list[int]:
-    """Up to k drafts to follow `tokens`: the longest suffix (n <= max_n) that occurred
-    before wins, and among its occurrences the latest one (the nearest context); [] when
-    no suffix of one token or more occurred before, or k < 1."""
+    """k drafts to follow `tokens`: the longest suffix (n <= max_n) that occurred before
+    wins, and among its occurrences the latest one (the nearest context); the drafts are
+    what followed it (`_continued`). [] when no suffix of one token or more occurred
+    before, or k < 1."""
     size = len(tokens)
     if k < 1 or size < 2:
         return []
@@ -29,7 +30,14 @@ def propose(tokens: Sequence[int], k: int, max_n: int = MAX_N) -> list[int]:
         end = w * (size - 1)   # a match ends before the last token: one token follows it
         while (at := data.rfind(tail, 0, end)) >= 0:
             if at % w == 0:
-                start = at // w + n
-                return list(tokens[start:start + k])
+                return _continued(tokens, at // w + n, k)
             end = at + len(tail) - 1   # a match across token boundaries: look before it
     return []
+
+
+def _continued(tokens: Sequence[int], start: int, k: int) -> list[int]:
+    """The k tokens from `start` on, where tokens[:start] ends as the whole sequence does:
+    a continuation that reaches the end goes on with the period that the match implies
+    (len - start), so a run like "z z z" drafts k more of it, not the one token left."""
+    period = len(tokens) - start
+    return [tokens[start + j % period] for j in range(k)]

@@ -83,7 +83,8 @@ def run(eng, reqs, ignore_eos=True, each_step=None) -> dict:
 def test_propose_takes_the_longest_suffix_and_its_latest_match():
     assert propose([1, 2, 3, 9, 1, 2, 3, 8, 5, 2, 3], 3) == [8, 5, 2]   # "2 3", latest
     assert propose([4, 1, 2, 3, 7, 1, 2, 3], 2) == [7, 1]               # "1 2 3"
-    assert propose([1, 2, 1, 2], 5) == [1, 2]                           # overlapping
+    assert propose([1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]                  # periodic past the end
+    assert propose([5, 7, 7, 7], 3) == [7, 7, 7]
     assert propose([1, 2, 3], 4) == [] and propose([5], 2) == []
     assert propose([1, 1, 1], 0) == []
 
@@ -93,7 +94,8 @@ def _scan(tokens, k):
     for n in range(min(3, len(tokens) - 1), 0, -1):
         for i in range(len(tokens) - 2, n - 2, -1):
             if tokens[i - n + 1:i + 1] == tokens[len(tokens) - n:]:
-                return tokens[i + 1:i + 1 + k]
+                ahead = tokens[i + 1:]
+                return (ahead * k)[:k]
     return []
 
 
