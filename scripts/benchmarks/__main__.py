@@ -18,6 +18,7 @@ SUMMARY = {
     "scale": "data-parallel replicas and tensor-parallel ranks on the mixed workload",
     "sched": "the scheduler's hot path with few and many waiting requests",
     "serve": "a seeded workload through AsyncClient: throughput, TTFT, TPOT",
+    "speculative": "n-gram speculative decoding on and off on the trained model, copy-heavy and chat",
     "structured": "every request under its own JSON schema against the same ones free",
     "soak": "many requests with aborts and preemption; nothing may be lost",
     "whatif": "what-if replay's predictions against live runs",

@@ -75,8 +75,10 @@ class Server:
 
 
 def _body(req: bl.Req) -> dict:
+    """Greedy, streamed; EOS ignored unless the request's options say otherwise."""
     return {"prompt": req.prompt, "n_predict": req.max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "return_tokens": True, "cache_prompt": False}
+            "ignore_eos": req.options.get("ignore_eos", True), "stream": True,
+            "return_tokens": True, "cache_prompt": False}
 
 
 async def _one(session, url: str, req: bl.Req, gate: asyncio.Semaphore,

@@ -78,6 +78,8 @@ def kind(doc: dict) -> str | None:
                       ("curve", "curve_cost_us_per_request")):
         if key in doc:
             return name
+    if doc.get("benchmark") == "speculative":
+        return "speculative"
     if "shared_t0" in (doc.get("on") or {}):
         return "prefix"
     if "settings" in doc and "ratios" in doc:
@@ -216,6 +218,23 @@ def curve(doc: dict) -> str:
             f"{num(doc.get('curve_cost_us_per_request'))} us per request.")
 
 
+def speculative(doc: dict) -> str:
+    rows = []
+    for key, r in (doc.get("results") or {}).items():
+        on, off = r.get("on") or {}, r.get("off") or {}
+        acc = on.get("acceptance")
+        rows.append((key, num(off.get("tpot_ms_p50")), num(on.get("tpot_ms_p50")),
+                     num(r.get("tpot_on_over_off"), ".2f"), num(off.get("output_tok_s")),
+                     num(on.get("output_tok_s")), num(r.get("tok_s_on_over_off"), ".2f"),
+                     "-" if acc is None else num(acc, ".2f"),
+                     num(on.get("tokens_per_decode_step"), ".2f"), r.get("differing_requests")))
+    w = doc.get("workload") or {}
+    return (markdown(("workload@in flight", "TPOT p50 ms off", "on", "on/off", "out tok/s off",
+                      "on", "on/off", "acceptance", "tokens/decode step", "differing"), rows)
+            + f"\n\nn-gram drafts, --num-draft {w.get('num_draft')}, greedy, "
+            f"{w.get('max_tokens')} tokens at most, {w.get('turns')} alternating turns.")
+
+
 WHATIF_FIGURES = ("makespan_s", "throughput_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")
 
 
@@ -276,4 +295,5 @@ def _structured_compile(doc: dict) -> str:
 
 TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
           "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
-          "whatif": whatif, "structured": structured, "curve": curve}
+          "whatif": whatif, "structured": structured, "curve": curve,
+          "speculative": speculative}
