@@ -229,10 +229,16 @@ def speculative(doc: dict) -> str:
                      "-" if acc is None else num(acc, ".2f"),
                      num(on.get("tokens_per_decode_step"), ".2f"), r.get("differing_requests")))
     w = doc.get("workload") or {}
+    peer = [f"{key}: TPOT p50 {num(get(r, 'llamacpp-off', 'tpot_ms_p50'))} ms plain, "
+            f"{num(get(r, 'llamacpp-on', 'tpot_ms_p50'))} ms drafting "
+            f"(on/off {num(r.get('llamacpp_tpot_on_over_off'), '.2f')}; the engine drafting "
+            f"over it {num(r.get('tpot_on_over_llamacpp_on'), '.2f')})"
+            for key, r in (doc.get("results") or {}).items() if "llamacpp-on" in r]
+    tail = f" llama-server on the same file, {'; '.join(peer)}." if peer else ""
     return (markdown(("workload@in flight", "TPOT p50 ms off", "on", "on/off", "out tok/s off",
                       "on", "on/off", "acceptance", "tokens/decode step", "differing"), rows)
             + f"\n\nn-gram drafts, --num-draft {w.get('num_draft')}, greedy, "
-            f"{w.get('max_tokens')} tokens at most, {w.get('turns')} alternating turns.")
+            f"{w.get('max_tokens')} tokens at most, {w.get('turns')} alternating turns." + tail)
 
 
 WHATIF_FIGURES = ("makespan_s", "throughput_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")

@@ -146,6 +146,17 @@ def _structured_rows(doc: dict) -> list[tuple]:
              rt.num(u), _ratio(rt.get(doc, "ratios", "constrained_over_unconstrained")))]
 
 
+def _speculative_rows(doc: dict) -> list[tuple]:
+    r = (doc.get("results") or {}).get("copy@1") or {}
+    on, off, peer = (rt.get(r, s, "tpot_ms_p50") for s in ("on", "off", "llamacpp-on"))
+    rows = [("TPOT p50 ms, copy-heavy, 1 in flight: n-gram drafts on / off", rt.num(on),
+             rt.num(off), _ratio(r.get("tpot_on_over_off")))] if r else []
+    if peer is not None:
+        rows.append(("TPOT p50 ms, copy-heavy, 1 in flight, both drafting: tl-engine / llama.cpp",
+                     rt.num(on), rt.num(peer), _ratio(r.get("tpot_on_over_llamacpp_on"))))
+    return rows
+
+
 HEADLINE = (("compare-llamacpp.json", _llamacpp_rows),
             ("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
             ("compare-llamacpp-q8_0.json", _llamacpp_file_rows),
@@ -153,7 +164,8 @@ HEADLINE = (("compare-llamacpp.json", _llamacpp_rows),
             ("quality.json", _quality_rows), ("overhead.json", _overhead_rows),
             ("prefix-smol.json", _prefix_rows), ("scale-dp-smol.json", _scale_rows),
             ("invariant-smol.json", _invariant_rows),
-            ("structured-smollm2.json", _structured_rows))
+            ("structured-smollm2.json", _structured_rows),
+            ("speculative-smollm2.json", _speculative_rows))
 
 
 def headline(docs: dict[str, dict]) -> str:

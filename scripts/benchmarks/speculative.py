@@ -41,15 +41,16 @@ EDITS = (("the", "THE"), ("and", "plus"), ("of", "OF"))
 def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p = cli.parser(prog="scripts/bench speculative", description=__doc__.split("\n")[0],
                    epilog="Unknown flags are passed to scripts/serve.")
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--num-draft", type=int, default=4)
+    p.add_argument("--model", default="smollm2", help="the model both groups serve")
+    p.add_argument("--num-draft", type=int, default=4, help="drafts per step at most (both)")
     p.add_argument("--levels", default="1,64", help="requests in flight, comma-separated")
     p.add_argument("--requests", type=int, default=8,
                    help="requests per workload at 1 in flight (a level L > 1 sends max(L, this))")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request at most")
     p.add_argument("--turns", type=int, default=2, help="turns per workload at 1 in flight")
     p.add_argument("--wide-turns", type=int, default=1, help="turns per workload above 1")
-    p.add_argument("--wide-max-tokens", type=int, default=64)
+    p.add_argument("--wide-max-tokens", type=int, default=64,
+                   help="tokens per request at most above 1 in flight")
     p.add_argument("--no-llamacpp", action="store_true", help="the engine alone")
     bl.add_run_options(p)
     return p.parse_known_args(argv)
