@@ -153,19 +153,23 @@ def wait_aborted(log, pattern: str, n: int, timeout: float) -> bool:
 def test_vanishing_clients_and_abort_storms_leave_nothing_stuck(group):
     rng = random.Random(5)
     ctxs = []
-    for i in range(12):  # clients that vanish mid-stream: raw sockets closed without Abort
-        ctx = zmq.Context()
-        s = ctx.socket(zmq.DEALER)
-        s.connect(group.address)
-        s.send(P.encode(P.Generate(request_id=f"v{i}", prompt=[1, 2, 3, i], max_tokens=900,
-                                   ignore_eos=True)))
-        ctxs.append((ctx, s))
-    with Client(group.address, timeout=60) as c:   # the core holds all 12 when they vanish
-        wait_until(lambda: (now := c.stats())["running"] + now["waiting"] >= 12,
-                   what="the 12 requests in the core")
-    for ctx, s in ctxs:
-        s.close(0)
-        ctx.term()
+    try:
+        for i in range(12):  # clients that vanish mid-stream: raw sockets closed without Abort
+            ctx = zmq.Context()
+            s = ctx.socket(zmq.DEALER)
+            ctxs.append((ctx, s))
+            s.connect(group.address)
+            s.send(P.encode(P.Generate(request_id=f"v{i}", prompt=[1, 2, 3, i],
+                                       max_tokens=900, ignore_eos=True)))
+        with Client(group.address, timeout=60) as c:   # the core holds all 12 when they vanish
+            wait_until(lambda: (now := c.stats())["running"] + now["waiting"] >= 12,
+                       timeout=25, what="the 12 requests in the core")
+    finally:
+        # closed even when the wait fails: a context left open blocks in its finalizer
+        # (term waits for its sockets) and hangs whatever test collects it
+        for ctx, s in ctxs:
+            s.close(0)
+            ctx.term()
     assert wait_aborted(group.log, "v%", 12, timeout=25)  # 5x the 5 s target
     with Client(group.address, timeout=60) as c:
         # an abort storm over live, finished and unknown ids, racing finishes
