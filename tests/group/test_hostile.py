@@ -152,13 +152,16 @@ def wait_aborted(log, pattern: str, n: int, timeout: float) -> bool:
 
 def test_vanishing_clients_and_abort_storms_leave_nothing_stuck(group):
     rng = random.Random(5)
-    ctxs = []
+    ctx = zmq.Context()
+    socks = []
     try:
-        for i in range(12):  # clients that vanish mid-stream: raw sockets closed without Abort
-            ctx = zmq.Context()
-            s = ctx.socket(zmq.DEALER)
-            ctxs.append((ctx, s))
-            s.connect(group.address)
+        # clients that vanish mid-stream: raw sockets closed without Abort. All connect
+        # first and send together: a request sent while the others still connect could
+        # finish its 900 tokens (~1.5 s on tiny) before the last one arrives
+        for i in range(12):
+            socks.append(ctx.socket(zmq.DEALER))
+            socks[-1].connect(group.address)
+        for i, s in enumerate(socks):
             s.send(P.encode(P.Generate(request_id=f"v{i}", prompt=[1, 2, 3, i],
                                        max_tokens=900, ignore_eos=True)))
         with Client(group.address, timeout=60) as c:   # the core holds all 12 when they vanish
@@ -167,9 +170,9 @@ def test_vanishing_clients_and_abort_storms_leave_nothing_stuck(group):
     finally:
         # closed even when the wait fails: a context left open blocks in its finalizer
         # (term waits for its sockets) and hangs whatever test collects it
-        for ctx, s in ctxs:
+        for s in socks:
             s.close(0)
-            ctx.term()
+        ctx.term()
     assert wait_aborted(group.log, "v%", 12, timeout=25)  # 5x the 5 s target
     with Client(group.address, timeout=60) as c:
         # an abort storm over live, finished and unknown ids, racing finishes
