@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 from core.first_samples import FirstSamples
 from core.ipc.protocol import F64, I32, I64, ForwardBatch, SamplingParams
+from core.speculate import PENDING
 from core.table_growth import KeptTables
 
 GREEDY = SamplingParams()
@@ -182,8 +183,21 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
         of = dict(zip(out.decode, first))
         first = [of[i] for i in plain] + [False] * (len(rows) - n_dec - len(lasts)) + first[
             len(out.decode):]
-    return layout(step, sched.blocks.block_tokens(), seq_ids, toks, [table(r) for r in seq_ids],
-                  n_dec, spans, rows, params, gen, banned, kept, first, offsets)
+    batch = layout(step, sched.blocks.block_tokens(), seq_ids, toks,
+                   [table(r) for r in seq_ids], n_dec, spans, rows, params, gen, banned, kept,
+                   first, offsets)
+    if spec and out.drafts[spec[0]][0] == PENDING:
+        _model_drafts(batch, spec, n_dec, sched)
+    return batch
+
+
+def _model_drafts(batch: ForwardBatch, spec: Sequence[int], n_dec: int, sched) -> None:
+    """The draft-model section (see ForwardBatch): every decode with drafts, and the tokens
+    before its last that the draft model has not seen."""
+    context = [sched.tokens(i)[sched.draft_seen(i):-1] for i in spec]
+    batch.draft_seqs = I32(range(n_dec, n_dec + len(spec)))
+    batch.draft_context = I32(chain.from_iterable(context))
+    batch.draft_context_start = I32(_offsets(context))
 
 
 def _decodes(out) -> tuple[list[int], list[int]]:

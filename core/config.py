@@ -54,16 +54,31 @@ class CoreConfig:
     join: str | None = None    # a frontend's --replica-address (core/frontend_link.py)
     curve: str | None = None   # with join: the key directory (core/ipc/curve.py)
     overlap: bool = True      # plan step N+1 while the worker runs N (core/overlap.py)
-    speculative: str | None = None   # "ngram": speculative decoding (docs/DESIGN.md)
+    speculative: str | None = None   # "ngram" | "draft:MODEL": speculative decoding (docs/DESIGN.md)
     num_draft: int = 4               # the most drafts per request and step
     spec_max_batch: int = 8          # a step speculates with at most this many running
 
     def num_drafts(self, info: ModelInfo) -> int:
         """The drafts a request may get (0: no speculation): exact only where a row's
-        logits ignore the batch, so off the batch-invariant mode speculation is off."""
-        if self.speculative is None or not info.batch_invariant:
-            return 0
-        return self.num_draft
+        logits ignore the batch, so off the batch-invariant mode speculation is off; so is
+        a draft model's where the worker has none."""
+        return 0 if self.speculative is None or self.spec_off(info) else self.num_draft
+
+    def spec_off(self, info: ModelInfo) -> str | None:
+        """Why speculation asked for is off with this worker; None when it is on or was
+        never asked for."""
+        if self.speculative is None:
+            return None
+        if not info.batch_invariant:
+            return ("it is exact only in the batch-invariant mode, which this worker does not"
+                    " run (--batch-invariant)")
+        if self.draft_model and not info.draft:
+            return "the worker has no draft model (worker --draft)"
+        return None
+
+    @property
+    def draft_model(self) -> bool:
+        return (self.speculative or "").startswith("draft:")
 
     def sched_config(self, info: ModelInfo) -> SchedulerConfig:
         limit = min(info.max_model_len, self.max_model_len or info.max_model_len)
@@ -72,7 +87,8 @@ class CoreConfig:
                                aging_steps=self.aging_steps, max_model_len=limit,
                                preempt_margin=self.preempt_margin,
                                num_draft=self.num_drafts(info),
-                               spec_max_batch=self.spec_max_batch)
+                               spec_max_batch=self.spec_max_batch,
+                               draft_model=self.draft_model and bool(self.num_drafts(info)))
 
     def overlapped(self, info: ModelInfo) -> bool:
         """Speculation drafts from settled tokens only, so it runs without overlap."""
@@ -116,8 +132,9 @@ def add_sched_args(p, kv=None, faults=None) -> None:
                    help="plan each step only after the last one's tokens came back"
                         " (by default step N+1 is planned while the worker runs N)")
     p.add_argument("--speculative", type=speculative_kind, default=None,
-                   help="speculative decoding: 'ngram' (prompt lookup); needs the"
-                        " batch-invariant mode and turns overlap off (default: off)")
+                   help="speculative decoding: 'ngram' (prompt lookup) or 'draft:MODEL'"
+                        " (a draft model with the same vocabulary, as --model takes it); needs"
+                        " the batch-invariant mode and turns overlap off (default: off)")
     p.add_argument("--num-draft", type=int, default=4,
                    help=f"with --speculative, the most drafts per request and step"
                         f" (1..{MAX_NUM_DRAFT})")
@@ -127,14 +144,18 @@ def add_sched_args(p, kv=None, faults=None) -> None:
 
 
 def speculative_kind(v: str) -> str:
-    """--speculative's value: 'ngram'; 'draft:PATH' is refused (not built yet)."""
+    """--speculative's value: 'ngram' or 'draft:MODEL'."""
     import argparse
-    if v == "ngram":
+    if v == "ngram" or (v.startswith("draft:") and len(v) > len("draft:")):
         return v
-    if v.startswith("draft:"):
-        raise argparse.ArgumentTypeError(
-            "the draft-model proposer (draft:PATH) is not built yet; use 'ngram'")
-    raise argparse.ArgumentTypeError(f"expected 'ngram', got {v!r}")
+    raise argparse.ArgumentTypeError(f"expected 'ngram' or 'draft:MODEL', got {v!r}")
+
+
+def draft_of(speculative: str | None) -> str | None:
+    """The draft model --speculative names, or None."""
+    if speculative and speculative.startswith("draft:"):
+        return speculative[len("draft:"):]
+    return None
 
 
 def spec_problem(a) -> str | None:

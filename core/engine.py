@@ -23,7 +23,7 @@ from core.request_metrics import RequestClock
 from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
-from core.speculate import kept_rows
+from core.speculate import PENDING, kept_rows
 from core.table_growth import KeptTables, TableLedger
 
 SEED_MASK = (1 << 63) - 1
@@ -56,6 +56,22 @@ def derive_seed(engine_seed: int, seq_id: int) -> int:
     """The seed of a sampled request that brought none: a function of (--seed, id)."""
     h = hashlib.blake2b(f"{engine_seed}:{seq_id}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & SEED_MASK
+
+
+def _fill_drafts(drafts: dict, flat: list[int]) -> None:
+    """The worker's draft-model drafts (StepResult.drafts) in place of the PENDING ones,
+    in decode order: the order of the batch's draft_seqs. None PENDING: replay has filled
+    them from the log (Engine.fill_drafts) and checked the worker's against them."""
+    if not any(d and d[0] == PENDING for d in drafts.values()):
+        return
+    o = 0
+    for seq_id, d in drafts.items():
+        if d and d[0] == PENDING:
+            drafts[seq_id] = flat[o:o + len(d)]
+            o += len(d)
+    if o != len(flat) or any(len(d) and d[-1] == PENDING for d in drafts.values()):
+        raise ValueError(f"worker returned {len(flat)} drafts for "
+                         f"{sum(len(d) for d in drafts.values())} placeholders")
 
 
 def schedule_json(out: ScheduleOutput, hits=(), accepted=()) -> dict:
@@ -285,6 +301,8 @@ class Engine:
         self.prompt_out = self._deliver(self._spans, None if abandoned else result)
         outputs, outs = self._outputs(ids, tokens)
         self.accepted = []
+        if out.drafts and result is not None and len(result.drafts):
+            _fill_drafts(out.drafts, list(result.drafts))
         if out.drafts and outputs:
             outputs = self._verify(out.drafts, outputs)
         events = self.sched.on_step(outputs)
@@ -293,6 +311,15 @@ class Engine:
         self._record(step, out, outs, t0)
         self._finish(events, step)
         return events
+
+    def fill_drafts(self, logged: list) -> None:
+        """Replay: the planned step's drafts the worker's draft model proposed, from the
+        log's schedule ([[id, drafts], ...]) where they have the planned shape."""
+        drafts = self._planned[0].drafts
+        for seq_id, d in logged:
+            mine = drafts.get(seq_id)
+            if mine and mine[0] == PENDING and len(mine) == len(d):
+                drafts[seq_id] = list(d)
 
     def abandon(self) -> None:
         """Drop the planned step: its batch failed to build, or its worker died."""

@@ -78,9 +78,8 @@ class CoreLoop:
             self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info),
                                on_error=self.cfg.log_errors)
         self.engine = self.cfg.make_engine(msg.info, self.log)
-        if self.cfg.speculative and not self.cfg.num_drafts(msg.info):
-            _log("speculative decoding is off: it is exact only in the batch-invariant mode,"
-                 " which this worker does not run (--batch-invariant)")
+        if why := self.cfg.spec_off(msg.info):
+            _log(f"speculative decoding is off: {why}")
         self.announce()
         _log(f"ready: {msg.info.model}, {msg.info.num_blocks} blocks of {msg.info.block_size}")
 

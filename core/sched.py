@@ -35,7 +35,7 @@ __all__ = [
 class _Req:
     __slots__ = ("id", "tokens", "n", "c", "prompt_len", "max_tokens", "key", "arrival",
                  "limit", "rank", "handle", "running", "sample_at", "ahead", "cache_hits",
-                 "salt", "k", "drafts", "taken")
+                 "salt", "k", "drafts", "taken", "seen")
 
     def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
                  key: int, arrival: int):
@@ -58,6 +58,7 @@ class _Req:
         self.k = 0                  # drafts it may get in a step (0: never speculated for)
         self.drafts: list[int] = []  # the last schedule's drafts for it
         self.taken = 0              # tokens it took in the last on_step (with drafts: 1..k+1)
+        self.seen = 0               # positions the draft model holds KV for (draft_model)
 
 
 _RANK = attrgetter("rank")
@@ -119,8 +120,8 @@ class Scheduler:
         self.last_hits: list[list[int]] = []
         self._margin = self._margin_in_keys(cfg)
         # speculative decoding (docs/DESIGN.md, "Speculative decoding")
-        self._drafting = (Drafting(cfg.num_draft, cfg.spec_max_batch) if cfg.num_draft
-                          else None)
+        self._drafting = (Drafting(cfg.num_draft, cfg.spec_max_batch, cfg.draft_model)
+                          if cfg.num_draft else None)
         self._spec: list[_Req] = []     # the last schedule's requests with drafts
         self.draft_tokens = 0           # drafts verified so far
         self.accepted_tokens = 0        # of them, those the target sampled too
@@ -433,6 +434,7 @@ class Scheduler:
                 self.blocks.truncate(r.id, r.n)
                 if r.taken:
                     r.k = self._drafting.adapt(r.k, len(r.drafts), r.taken - 1)
+                    r.seen = self._drafting.model_seen(r.n - r.taken, r.taken, len(r.drafts))
             r.drafts = []
         self._spec = []
 
@@ -525,6 +527,7 @@ class Scheduler:
         """Preempt by recompute: free the blocks, keep every token, keep the arrival."""
         self._release(r)
         r.c = 0
+        r.seen = 0   # its blocks, the draft model's KV in them included, are gone
         r.running = False
         r.sample_at = -1
         r.handle = self._waiting.push(r.rank, r)
@@ -540,6 +543,11 @@ class Scheduler:
         the request finished or was aborted."""
         r = self._reqs.get(id)
         return None if r is None else r.tokens
+
+    def draft_seen(self, id: RequestId) -> int:
+        """Positions of id the worker's draft model holds KV for (0 once it finished)."""
+        r = self._reqs.get(id)
+        return 0 if r is None else r.seen
 
     def prompt_len(self, id: RequestId) -> int | None:
         r = self._reqs.get(id)

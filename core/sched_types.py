@@ -42,14 +42,18 @@ class SchedulerConfig:
     max_model_len: int = 2048
     preempt_margin: int | None = None  # in priority levels; None: never preempt for arrivals
     # speculative decoding (core/speculate.py): at most num_draft drafts per request and
-    # step (0: off), only in steps with at most spec_max_batch requests running
+    # step (0: off), only in steps with at most spec_max_batch requests running;
+    # draft_model: the worker's draft model proposes them (worker/draft.py), not n-grams
     num_draft: int = 0
     spec_max_batch: int = 8
+    draft_model: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batch_tokens", "max_waiting", "max_model_len"):
             _positive(name, getattr(self, name))
         _positive("spec_max_batch", self.spec_max_batch)
+        if type(self.draft_model) is not bool:
+            raise ValueError(f"draft_model must be a bool, got {self.draft_model!r}")
         if type(self.num_draft) is not int or not 0 <= self.num_draft <= MAX_NUM_DRAFT:
             raise ValueError(f"num_draft must be an int in [0, {MAX_NUM_DRAFT}], got {self.num_draft!r}")
         for name in ("aging_steps", "preempt_margin"):

@@ -11,6 +11,8 @@ from typing import Sequence, TypeVar
 from core.ngram import propose
 
 Row = TypeVar("Row")
+# a draft the worker's draft model has yet to propose (it is never a token: never accepted)
+PENDING = -1
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
@@ -18,16 +20,28 @@ _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 class Drafting:
     """num_draft: the most drafts one request gets in a step (K); max_batch: a step
     speculates only while at most this many requests run (past it, the k extra rows each
-    cost more than the steps they save)."""
+    cost more than the steps they save); by_model: the worker's draft model proposes the
+    drafts, so the schedule holds PENDING placeholders until its result fills them."""
     num_draft: int
     max_batch: int
+    by_model: bool = False
 
     def step_speculates(self, running: int) -> bool:
         return self.num_draft > 0 and running <= self.max_batch
 
     def drafts(self, tokens: Sequence[int], k: int, room: int) -> list[int]:
         """At most min(k, room) drafts for a request whose tokens so far are `tokens`."""
+        if self.by_model:
+            return [PENDING] * min(k, room)
         return propose(tokens, min(k, room))
+
+    @staticmethod
+    def model_seen(n: int, taken: int, drafted: int) -> int:
+        """Positions the draft model holds KV for after a step that verified `drafted`
+        drafts of a request with n tokens before it and kept `taken` rows: it fed the
+        request's last token and its first drafted-1 drafts, of which the accepted ones
+        (taken-1) stay."""
+        return n + min(taken - 1, drafted - 1)
 
     def adapt(self, k: int, drafted: int, accepted: int) -> int:
         """The next step's draft count: halved on a miss (at least 1), doubled when every

@@ -28,8 +28,9 @@ def check_plan(engine, row: StepRecord, runner):
     """Plan the row's step: (batch, the logged tokens or None for an abandoned step,
     Divergence or None)."""
     batch = engine.plan(build=runner is not None)
-    got = schedule_json(engine.last_schedule, engine.last_hits)
     want = {k: v for k, v in row.schedule.items() if k != "accepted"}   # known at commit:
+    engine.fill_drafts(want.get("drafts", ()))   # a draft model's: the re-run checks them
+    got = schedule_json(engine.last_schedule, engine.last_hits)
     if got != want:                                                      # the hash checks it
         return batch, None, Divergence(row.step, "schedule", _diff_schedule(got, want))
     logged = [tok for _, tok, _ in row.outputs]
@@ -50,6 +51,11 @@ def check_tokens(batch, logged, row: StepRecord, runner):
     run = getattr(runner, "run", None)   # test runners may only have execute
     result = run(batch) if run is not None else None
     tokens = list(result.tokens if result is not None else runner.execute(batch))
+    if result is not None and len(result.drafts):
+        want = [t for _, d in row.schedule.get("drafts", ()) for t in d]
+        if list(result.drafts) != want:
+            return Divergence(row.step, "drafts", [
+                f"the draft model proposed {list(result.drafts)}, the log {want}"]), result
     if tokens != logged:
         bad = [f"request {o[0]}: replay token {t} != log {o[1]}"
                for t, o in zip(tokens, row.outputs) if t != o[1]]

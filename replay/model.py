@@ -7,7 +7,7 @@ where the top two logits are close, and the verdict says where.
 
 A log made in the batch-invariant mode (model_info.batch_invariant) is re-run in it, and a
 log made on quantized weights on the same quantized weights (model_info.quantization,
-worker/quantized.py).
+worker/quantized.py), and one that drafted with a draft model (model_info.draft) with it.
 
 A log made with a tensor-parallel worker (meta's model_info.tp > 1) is re-run in one
 process: its logits differ from the TP run's by the all-reduces' rounding (~1e-4 in
@@ -35,7 +35,7 @@ def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
                              num_blocks=meta["num_blocks"], block_size=meta["block_size"],
                              max_model_len=info["max_model_len"],
                              batch_invariant=info.get("batch_invariant", False),
-                             **quantized.settings(info))
+                             draft=info.get("draft") or None, **quantized.settings(info))
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelUnavailable(f"cannot load the log's model {meta['model']!r}: {e}") from None
     _check_same_file(info.get("checkpoint") or {}, runner.info.checkpoint)

@@ -8,6 +8,7 @@ from core.ipc.protocol import CONSTRAINT_KINDS
 from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
 from core.sched_types import FINISH_REASONS, MAX_CACHE_SALT_CHARS, MAX_NUM_DRAFT
+from core.speculate import PENDING
 from replay.bounds import Bounds, check_request, meta_bounds
 from replay.damage import (DamagedLog, boolean, clock, int_list, integer, mapping, number,
                            one_of, optional, parsed, rows, text, within)
@@ -43,7 +44,7 @@ def _quantization(v, where: str) -> dict:
 MODEL_INFO = {"dtype": text, "device": text, "tokenizer": text, "model": text,
               "tp": lambda v, w: integer(v, w, 1), "batch_invariant": boolean,
               "num_blocks": integer, "block_size": integer,
-              "quantization": _quantization}
+              "quantization": _quantization, "draft": text}
 
 
 def check_meta(meta: dict) -> Bounds:
@@ -66,7 +67,7 @@ def check_meta(meta: dict) -> Bounds:
         optional(text, value, f"meta versions {key}")
     _check_sched_config(mapping(meta["sched_config"], "meta sched_config",
                                 [f.name for f in fields(SchedulerConfig)
-                                 if f.name not in SPEC_SCHED]))
+                                 if f.name not in SPEC_SCHED and f.name != "draft_model"]))
     pf = mapping(meta["prefill"], "meta prefill", ("kind", "max_chunk"))
     one_of(pf["kind"], "meta prefill kind", {"chunked", "whole"})
     integer(pf["max_chunk"], "meta prefill max_chunk", 1)
@@ -81,7 +82,9 @@ def _check_sched_config(sc: dict) -> None:
         if f.name == "policy":
             continue
         where = f"meta sched_config {f.name}"
-        if f.name in SPEC_SCHED:
+        if f.name == "draft_model":   # a bool, absent from logs before the draft model
+            optional(boolean, sc.get(f.name), where)
+        elif f.name in SPEC_SCHED:
             if f.name in sc:
                 integer(sc[f.name], where, SPEC_SCHED[f.name],
                         MAX_NUM_DRAFT if f.name == "num_draft" else None)
@@ -214,7 +217,8 @@ def _schedule(doc, where: str, b: Bounds) -> dict:
         within(cached, f"{where} cached", 1, "tokens", 0, b.max_model_len)
     if "drafts" in doc:   # decodes verified with drafts (docs/DESIGN.md, "Speculative decoding")
         for seq_id, drafts in rows(doc["drafts"], f"{where} drafts", (int, list)):
-            b.tokens(drafts, f"{where} drafts of request {seq_id}")
+            # an abandoned step's draft-model drafts stay PENDING (core/speculate.py)
+            b.tokens([t for t in drafts if t != PENDING], f"{where} drafts of request {seq_id}")
             integer(len(drafts), f"{where} drafts of request {seq_id}", 1, MAX_NUM_DRAFT)
     if "accepted" in doc:
         accepted = rows(doc["accepted"], f"{where} accepted", (int, int))

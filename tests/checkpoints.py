@@ -19,15 +19,16 @@ def make_checkpoint(tmp_path_factory, name: str, seed: int, config: dict,
     return path
 
 
-def echo_checkpoint(tmp_path_factory) -> Path:
+def echo_checkpoint(tmp_path_factory, name: str = "echo", seed: int = 3) -> Path:
     """A model that mostly repeats its last token: embeddings of std 1 tied to the LM head,
     layers of small weights (which still move every logit a little, so a wrong K/V shows in
     the logprobs). Greedy, it copies; seeded at a temperature near 8 it strays now and then,
     so prompt lookup's drafts are both accepted and rejected (a random preset never repeats
-    itself enough for them to be right)."""
+    itself enough for them to be right). Another `seed` gives other layers and the same
+    embeddings: a draft model that mostly agrees with this one."""
     import torch
     from safetensors.torch import load_file, save_file
-    path = make_checkpoint(tmp_path_factory, "echo", 3, {
+    path = make_checkpoint(tmp_path_factory, name, seed, {
         "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "vocab_size": 512}, init_std=0.02)

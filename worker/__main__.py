@@ -28,6 +28,9 @@ def main(argv=None) -> int:
                    help="quantize a float checkpoint's linear layers at load (worker/quantized.py)")
     p.add_argument("--dequantize", action="store_true",
                    help="serve a quantized GGUF as float weights of --dtype")
+    p.add_argument("--draft", default=None, metavar="MODEL",
+                   help="a draft model for speculative decoding (worker/draft.py), as --model"
+                        " takes it; its vocabulary must be the model's")
     p.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
     p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
                    help="torch.distributed's rendezvous (rank 0 hosts it; default: a free"
@@ -40,11 +43,13 @@ def main(argv=None) -> int:
         p.error("--batch-invariant runs with --tp 1")
     die_with_parent()
     interrupts = sigterm_as_interrupt()
-    from worker.settings import LOAD_ERRORS, problem, refuse  # torch loads after the lifeline
+    from worker.settings import LOAD_ERRORS, draft_problem, problem, refuse  # torch loads after the lifeline
     if why := problem(a.model, tp=a.tp, dtype=a.dtype, block_size=a.block_size,
                       num_blocks=a.num_blocks, kv_memory=a.kv_memory,
                       max_model_len=a.max_model_len, quantize=a.quantize,
                       dequantize=a.dequantize, device=a.device):
+        return refuse(why)
+    if a.draft is not None and (why := draft_problem(a.draft, a.tp)):
         return refuse(why)
     if a.tp != 1:
         from worker import tp
@@ -56,7 +61,7 @@ def main(argv=None) -> int:
         runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
                              kv_memory=a.kv_memory, block_size=a.block_size,
                              max_model_len=a.max_model_len, batch_invariant=a.batch_invariant,
-                             quantize=a.quantize, dequantize=a.dequantize)
+                             quantize=a.quantize, dequantize=a.dequantize, draft=a.draft)
     except (*LOAD_ERRORS, RegistryUnavailable) as e:   # settings or a model it cannot serve
         return refuse(str(e))
     ctx = zmq.Context()

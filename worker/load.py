@@ -62,13 +62,14 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                 num_blocks: int | None = None, kv_memory: int | None = None,
                 block_size: int = 16, max_model_len: int | None = None, tp: int = 1,
                 batch_invariant: bool | None = False, quantize: str | None = None,
-                dequantize: bool = False):
+                dequantize: bool = False, draft: str | None = None):
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
     The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
     tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
     kv_memory is then per rank. `batch_invariant`: docs/DESIGN.md, "Batch-invariant mode"
     (ValueError where it cannot run; None: on where it can, off elsewhere). `quantize`,
-    `dequantize`: which weights stay quantized (worker/quantized.py)."""
+    `dequantize`: which weights stay quantized (worker/quantized.py). `draft`: a draft model
+    for speculative decoding (worker/draft.py), loaded as `model` is, with a pool like its."""
     if model == "null":
         if batch_invariant:   # None (where it can) is off here
             raise ValueError("--batch-invariant needs a model: the null model has no logits")
@@ -114,7 +115,27 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                      weights=weights_digest(hf), quantization=quantization)
     runner = ModelRunner(hf, cache, info)
     runner.probe()
+    if draft is not None:
+        _attach_draft(runner, draft, device, dtype)
     return runner
+
+
+def _attach_draft(runner, draft: str, device: str, dtype: str) -> None:
+    """The draft model's runner, its pool the target's geometry (worker/draft.py)."""
+    from dataclasses import replace
+
+    from worker.draft import Drafter
+    info = runner.info
+    if info.tp != 1:
+        raise ValueError("a draft model runs with --tp 1")
+    d = make_runner(draft, device=device, dtype=dtype, num_blocks=info.num_blocks,
+                    block_size=info.block_size, max_model_len=info.max_model_len,
+                    batch_invariant=info.batch_invariant)
+    if d.info.vocab_size != info.vocab_size:
+        raise ValueError(f"the draft model {draft!r} has {d.info.vocab_size} tokens in its "
+                         f"vocabulary, the model {info.vocab_size}: they must be the same")
+    runner.drafter = Drafter(d)
+    runner.info = replace(info, draft=d.info.model)
 
 
 def load_model(path: Path, device: str = "cpu", dtype: str = "float32", tp: int = 1):

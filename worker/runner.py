@@ -32,6 +32,7 @@ class ModelRunner:
         self.grammars = Grammars(info.tokenizer, info.vocab_size, info.eos_ids)
         if self.per_row:
             invariant.check_supported(model, kv, rep, info.tp)
+        self.drafter = None   # worker/draft.py, where the worker was given a draft model
         self.graph: graph.DecodeGraph | None = None
         weights: list[torch.Tensor] = []
         if any(isinstance(m, QuantLinear) for m in model.modules()):
@@ -70,13 +71,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> StepResult:
-        """One token per sample row, in sample_rows order, and the logprobs asked for."""
+        """One token per sample row, in sample_rows order, and the logprobs asked for;
+        first the draft model's drafts where the batch leaves them to it."""
+        drafts = I32()
+        if len(batch.draft_seqs):
+            if self.drafter is None:
+                raise ValueError("the batch asks for a draft model's drafts; this worker has"
+                                 " none (worker --draft)")
+            drafts = self.drafter.fill(batch)
         logits = self.logits(batch)
         rows = len(batch.sample_rows)
         ps = prompt_scores.score(logits[rows:], batch)
         out = StepResult(step=batch.step, tokens=I32(), prompt_logprobs=ps.logprobs,
                          prompt_ranks=ps.ranks, prompt_top_ids=ps.top_ids,
-                         prompt_top_logprobs=ps.top_logprobs)
+                         prompt_top_logprobs=ps.top_logprobs, drafts=drafts)
         if rows == 0:
             return out
         tokens, lp = sample_step(logits[:rows], batch, self.grammars)

@@ -39,6 +39,17 @@ def problem(model: str, *, tp: int = 1, dtype: str = "float32", block_size: int 
     return None
 
 
+def draft_problem(draft: str, tp: int) -> str | None:
+    """Why `draft` cannot be a draft model (worker/draft.py), or None; its vocabulary is
+    checked against the model's when both load."""
+    from worker.load import model_problem
+    if tp != 1:
+        return "a draft model runs with --tp 1"
+    if draft == "null":
+        return "the null model cannot draft: it has no logits"
+    return model_problem(draft)
+
+
 def _weights_problem(model, quantize, dequantize, device, dtype, tp) -> str | None:
     from worker.load import resolve_checkpoint
     from worker.quantized import refusal

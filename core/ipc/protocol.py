@@ -85,6 +85,7 @@ class ModelInfo:
     weights: str = ""             # sha256 of the weights as loaded (worker/digest.py); "" for none
     quantization: dict = field(default_factory=dict)   # {"mode": gguf | q8_0 | q4_0 | none,
     # "layers": {module name: type}} (worker/quantized.py)
+    draft: str = ""               # the draft model that proposes drafts (worker/draft.py); "" none
 
 
 # ---------------------------------------------------------------- client <-> frontend
@@ -298,7 +299,12 @@ class ForwardBatch:
     gen_index[j]-th generated token of its request. sample_offset, empty (all 0) or one
     per sample row: row j samples the query token sample_offset[j] before its sequence's
     last (a decode verifying k drafts samples each of its k+1 tokens; docs/DESIGN.md,
-    "Speculative decoding").
+    "Speculative decoding"). With a draft model the worker proposes the drafts itself:
+    draft_seqs lists the sequences (batch indices) whose k query tokens after their first
+    are placeholders (negative); the draft model has seen their tokens before the ones in
+    draft_context[draft_context_start[i]:draft_context_start[i+1]] (the context it lacks,
+    which ends just before the sequence's first query token), and the worker writes its
+    drafts in place of the placeholders before the forward (worker/draft.py).
 
     The logits processors' columns are each either empty (no row of the step uses the
     feature) or one entry per sample row: min_p; presence, frequency and repetition
@@ -355,6 +361,9 @@ class ForwardBatch:
     grammar_start: I32 = field(default_factory=I32)
     grammar_specs: list[list[str]] = field(default_factory=list)
     sample_offset: I32 = field(default_factory=I32)
+    draft_seqs: I32 = field(default_factory=I32)
+    draft_context: I32 = field(default_factory=I32)
+    draft_context_start: I32 = field(default_factory=I32)
 
     @property
     def num_seqs(self) -> int:
@@ -373,7 +382,10 @@ class StepResult:
     flattened into top_ids / top_logprobs.
 
     Prompt logprobs, one per batch.prompt_rows entry: the target's logprob and rank (1 =
-    best), and each row's prompt_top[m] best alternatives flattened in row order."""
+    best), and each row's prompt_top[m] best alternatives flattened in row order.
+
+    drafts: the draft model's drafts for batch.draft_seqs, k per sequence in that order,
+    as they were written into its input_ids (empty: none)."""
     step: int
     tokens: I32
     logprobs: F64 = field(default_factory=F64)
@@ -383,6 +395,7 @@ class StepResult:
     prompt_ranks: I32 = field(default_factory=I32)
     prompt_top_ids: I32 = field(default_factory=I32)
     prompt_top_logprobs: F64 = field(default_factory=F64)
+    drafts: I32 = field(default_factory=I32)
 
 
 @message("worker_ready")

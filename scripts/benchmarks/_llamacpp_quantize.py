@@ -8,7 +8,7 @@ from pathlib import Path
 
 from scripts.benchmarks import _llamacpp_get as get
 
-TYPES = ("Q8_0", "Q4_0", "Q4_1")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "F32")   # F32: the source's values, dequantized
 
 
 def requantized(src: Path, qtype: str) -> Path:

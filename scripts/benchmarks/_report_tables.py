@@ -237,8 +237,17 @@ def speculative(doc: dict) -> str:
     tail = f" llama-server on the same file, {'; '.join(peer)}." if peer else ""
     return (markdown(("workload@in flight", "TPOT p50 ms off", "on", "on/off", "out tok/s off",
                       "on", "on/off", "acceptance", "tokens/decode step", "differing"), rows)
-            + f"\n\nn-gram drafts, --num-draft {w.get('num_draft')}, greedy, "
+            + f"\n\n{_method(w)}, --num-draft {w.get('num_draft')}, greedy, "
             f"{w.get('max_tokens')} tokens at most, {w.get('turns')} alternating turns." + tail)
+
+
+def _method(w: dict) -> str:
+    """What drafted: n-grams, or a draft model (for the served type)."""
+    spec = w.get("speculative") or "ngram"
+    if spec == "ngram":
+        return "n-gram drafts"
+    served = f" for the model as {w['gguf_type']}" if w.get("gguf_type") else ""
+    return f"drafts of the draft model {spec.split(':', 1)[1]}{served}"
 
 
 WHATIF_FIGURES = ("makespan_s", "throughput_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")

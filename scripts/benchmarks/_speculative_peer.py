@@ -1,7 +1,8 @@
 """llama.cpp's side of `scripts/bench speculative`: llama-server on the same GGUF file, once
-plain and once with its own prompt-lookup drafting (`--spec-type ngram-simple`: the last
-NGRAM_N tokens looked up, --num-draft tokens drafted), two systems the benchmark drives in
-its turns beside the engine's two."""
+plain and once drafting by the engine's method: its own prompt lookup (`--spec-type
+ngram-simple`: the last NGRAM_N tokens looked up, --num-draft tokens drafted) or the same
+draft model's GGUF file (`--spec-type draft-simple`); two systems the benchmark drives in its
+turns beside the engine's two."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,11 @@ from scripts.benchmarks import common as bl
 NGRAM_N = 3
 
 
-def spec_args(num_draft: int) -> list[str]:
+def spec_args(num_draft: int, draft: Path | None = None) -> list[str]:
+    """Prompt lookup, or with `draft` (a GGUF file) that draft model, greedy, as ours."""
+    if draft is not None:
+        return ["--spec-type", "draft-simple", "--spec-draft-model", str(draft),
+                "--spec-draft-n-max", str(num_draft), "--spec-draft-n-min", "0"]
     return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NGRAM_N),
             "--spec-ngram-simple-size-m", str(num_draft), "--spec-draft-n-max", str(num_draft)]
 
@@ -25,12 +30,12 @@ def spec_args(num_draft: int) -> list[str]:
 class LlamaServers:
     """The two llama-servers (plain, drafting), one slot each: they serve level 1 only."""
 
-    def __init__(self, gguf: Path, num_draft: int, ctx: int):
+    def __init__(self, gguf: Path, num_draft: int, ctx: int, draft: Path | None = None):
         self.binary = get.ensure_server()
         self.logdir = Path(tempfile.mkdtemp(prefix="tl-bench-speculative-llamacpp-"))
         self.servers: dict[str, serve.Server] = {}
         try:
-            for name, extra in (("llamacpp-off", []), ("llamacpp-on", spec_args(num_draft))):
+            for name, extra in (("llamacpp-off", []), ("llamacpp-on", spec_args(num_draft, draft))):
                 args = serve.server_args(self.binary, gguf, serve.free_port(), 1, ctx,
                                          serve.threads()) + extra
                 self.servers[name] = serve.Server(args, self.logdir / f"{name}.log")

@@ -157,6 +157,19 @@ def _speculative_rows(doc: dict) -> list[tuple]:
     return rows
 
 
+def _draft_rows(doc: dict) -> list[tuple]:
+    r = (doc.get("results") or {}).get("chat@1") or {}
+    typ = rt.get(doc, "workload", "gguf_type") or "?"
+    on, off, peer = (rt.get(r, s, "tpot_ms_p50") for s in ("on", "off", "llamacpp-on"))
+    rows = [(f"TPOT p50 ms, chat, 1 in flight, {typ}: Q4_1 draft model on / off", rt.num(on),
+             rt.num(off), _ratio(r.get("tpot_on_over_off")))] if r else []
+    if peer is not None:
+        rows.append((f"TPOT p50 ms, chat, 1 in flight, {typ}, both drafting: tl-engine / "
+                     "llama.cpp", rt.num(on), rt.num(peer),
+                     _ratio(r.get("tpot_on_over_llamacpp_on"))))
+    return rows
+
+
 HEADLINE = (("compare-llamacpp.json", _llamacpp_rows),
             ("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
             ("compare-llamacpp-q8_0.json", _llamacpp_file_rows),
@@ -165,7 +178,8 @@ HEADLINE = (("compare-llamacpp.json", _llamacpp_rows),
             ("prefix-smol.json", _prefix_rows), ("scale-dp-smol.json", _scale_rows),
             ("invariant-smol.json", _invariant_rows),
             ("structured-smollm2.json", _structured_rows),
-            ("speculative-smollm2.json", _speculative_rows))
+            ("speculative-smollm2.json", _speculative_rows),
+            ("speculative-draft-f32.json", _draft_rows))
 
 
 def headline(docs: dict[str, dict]) -> str:

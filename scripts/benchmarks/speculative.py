@@ -5,7 +5,10 @@
     scripts/bench speculative --json docs/bench/speculative-smollm2.json
     scripts/bench speculative --requests 2 --max-tokens 16 --levels 1 --turns 1   # a smoke run
 
-Two groups serve the same model, one plain and one with `--speculative ngram --num-draft K`,
+    scripts/bench speculative --speculative draft:smollm2 --gguf-type F32 --workloads chat \
+        --json docs/bench/speculative-draft-f32.json   # the Q4_1 file drafting for its F32 copy
+
+Two groups serve the same model, one plain and one with `--speculative METHOD --num-draft K`,
 both cold, both alive for the whole run; each (workload, level) is driven in --turns turns
 that alternate which group goes first. Workloads, chat prompts rendered by the model's template:
 copy-heavy (repeat a paragraph, or repeat it with one word changed) and plain chat questions.
@@ -13,8 +16,10 @@ Greedy, so the two groups' tokens must be equal: the run counts the requests tha
 Reports per group: TPOT p50, output tokens/s, and for the speculative group the drafted and
 accepted tokens, the acceptance rate and the tokens per decode step (1 + accepted drafts).
 At 1 in flight llama-server on the same GGUF file takes its turns too, plain and with its own
-prompt lookup (`--spec-type ngram-simple`, scripts/benchmarks/_speculative_peer.py);
-`--no-llamacpp` leaves it out. Levels above 1 run --wide-turns turns of --wide-max-tokens.
+prompt lookup (`--spec-type ngram-simple`) or the same draft model's file (`--spec-type
+draft-simple`; scripts/benchmarks/_speculative_peer.py); `--no-llamacpp` leaves it out.
+`--gguf-type T` first re-quantizes the model's GGUF file with llama.cpp's llama-quantize
+(F32: its values dequantized) and both systems serve the file it writes. Levels above 1 run --wide-turns turns of --wide-max-tokens.
 Unknown flags go to scripts/serve (both groups).
 """
 from __future__ import annotations
@@ -42,6 +47,11 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p = cli.parser(prog="scripts/bench speculative", description=__doc__.split("\n")[0],
                    epilog="Unknown flags are passed to scripts/serve.")
     p.add_argument("--model", default="smollm2", help="the model both groups serve")
+    p.add_argument("--speculative", default="ngram", metavar="METHOD",
+                   help="the speculative group's method: 'ngram' or 'draft:MODEL' (a GGUF model)")
+    p.add_argument("--gguf-type", choices=("Q8_0", "Q4_0", "Q4_1", "F32"),
+                   help="serve the model's GGUF file re-quantized to this type by llama-quantize")
+    p.add_argument("--workloads", default="copy,chat", help="comma-separated: copy, chat")
     p.add_argument("--num-draft", type=int, default=4, help="drafts per step at most (both)")
     p.add_argument("--levels", default="1,64", help="requests in flight, comma-separated")
     p.add_argument("--requests", type=int, default=8,
@@ -186,19 +196,30 @@ def report(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def spec_peer_args(num_draft: int) -> list[str]:
+def spec_peer_args(a) -> list[str]:
     from scripts.benchmarks._speculative_peer import spec_args
-    return spec_args(num_draft)
+    return spec_args(a.num_draft, draft_file(a))
+
+
+def gguf_of(model: str) -> Path:
+    from worker.load import resolve_checkpoint
+    facts = resolve_checkpoint(model)[1]
+    if facts.get("format") != "gguf":
+        raise SystemExit(f"speculative: {model!r} is not a GGUF model; pass --no-llamacpp")
+    return Path(facts["path"])
+
+
+def draft_file(a) -> Path | None:
+    """The draft model's GGUF file, with --speculative draft:MODEL."""
+    from core.config import draft_of
+    draft = draft_of(a.speculative)
+    return None if draft is None else gguf_of(draft)
 
 
 def llama_servers(a):
     """llama-server plain and drafting on the model's GGUF file (smollm2: the Q4_1 file)."""
     from scripts.benchmarks._speculative_peer import LlamaServers
-    from worker.load import resolve_checkpoint
-    facts = resolve_checkpoint(a.model)[1]
-    if facts.get("format") != "gguf":
-        raise SystemExit(f"speculative: {a.model!r} is not a GGUF model; pass --no-llamacpp")
-    return LlamaServers(Path(facts["path"]), a.num_draft, ctx=2048)
+    return LlamaServers(gguf_of(a.model), a.num_draft, ctx=2048, draft=draft_file(a))
 
 
 def main(argv=None) -> int:
@@ -206,7 +227,15 @@ def main(argv=None) -> int:
     a, serve_args = parse(argv)
     start = prov.begin("speculative", a.json, a.allow_dirty)
     levels = [int(x) for x in a.levels.split(",")]
-    flags = {"off": [], "on": ["--speculative", "ngram", "--num-draft", str(a.num_draft)]}
+    workloads = {"copy": copy_questions, "chat": chat_questions}
+    chosen = a.workloads.split(",")
+    if set(chosen) - set(workloads):
+        raise SystemExit(f"speculative: --workloads takes copy and chat, not {a.workloads!r}")
+    tokenizer = a.model   # the re-quantized file's tokenizer is the source's
+    if a.gguf_type:
+        from scripts.benchmarks._llamacpp_quantize import requantized
+        a.model = str(requantized(gguf_of(a.model), a.gguf_type))
+    flags = {"off": [], "on": ["--speculative", a.speculative, "--num-draft", str(a.num_draft)]}
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-speculative-"))
     groups, peers = {}, None
     try:
@@ -217,9 +246,9 @@ def main(argv=None) -> int:
         if not a.no_llamacpp and 1 in levels:
             peers = llama_servers(a)
         results = {}
-        for name, questions in (("copy", copy_questions), ("chat", chat_questions)):
+        for name in chosen:
             for level in levels:
-                prompts = rendered(a.model, questions(max(level, a.requests)))
+                prompts = rendered(tokenizer, workloads[name](max(level, a.requests)))
                 systems = {n: groups[n].address for n in SETTINGS}
                 if peers is not None and level == 1:
                     systems.update({n: partial(peers.run, n) for n in PEERS})
@@ -233,17 +262,20 @@ def main(argv=None) -> int:
             g.stop()
         if peers is not None:
             peers.stop()
-    doc = {"model": a.model, "serve_args": serve_args, "machine": bl.machine(),
+    label = tokenizer + (f" as {a.gguf_type}" if a.gguf_type else "")
+    doc = {"model": label, "serve_args": serve_args, "machine": bl.machine(),
            "workload": {"levels": levels, "requests": a.requests, "max_tokens": a.max_tokens,
                         "turns": a.turns, "wide_turns": a.wide_turns,
                         "wide_max_tokens": a.wide_max_tokens, "num_draft": a.num_draft,
+                        "speculative": a.speculative, "gguf_type": a.gguf_type,
                         "greedy": True, "ignore_eos": False,
                         "llamacpp": None if peers is None else {
-                            "spec_args": spec_peer_args(a.num_draft)}},
+                            "spec_args": [Path(x).name if "/" in x else x
+                                          for x in spec_peer_args(a)]}},
            "results": results}
     print(report(doc))
     if a.json:
-        bl.write_json(a.json, prov.stamp(doc, start, a.model))
+        bl.write_json(a.json, prov.stamp(doc, start, label))
     bad = any(r["differing_requests"] or r["off"]["errors"] or r["on"]["errors"]
               for r in results.values())
     return 1 if bad else 0

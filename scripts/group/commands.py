@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from core.config import draft_of
 from scripts import ROOT
 
 SCHED_FLAGS = ("max_seqs", "max_batch_tokens", "max_waiting", "policy", "aging_steps",
@@ -71,6 +72,8 @@ def worker_args(a: argparse.Namespace) -> list[str]:
         out.append("--batch-invariant" if a.batch_invariant else "--no-batch-invariant")
     if a.dequantize:
         out.append("--dequantize")
+    if draft := draft_of(getattr(a, "speculative", None)):
+        out += ["--draft", draft]
     if a.quantize:
         out += ["--quantize", a.quantize]
     for n in ("num_blocks", "kv_memory", "max_model_len"):

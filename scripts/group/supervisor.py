@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     if why := worker_problem(a):
         print(f"serve: {why}", file=sys.stderr)
         return 2
-    if a.speculative and (why := spec_problem(a)):
+    if a.speculative and (why := spec_problem(a) or _draft_problem(a)):
         print(f"serve: {why}", file=sys.stderr)
         return 2
     keys_env, why = gateway_env(a)
@@ -248,6 +248,13 @@ def worker_problem(a) -> str | None:
                    dequantize=a.dequantize, device=a.device,
                    read_config=a.tp != 1 or a.kv_memory is not None
                    or a.max_model_len is not None)
+
+
+def _draft_problem(a) -> str | None:
+    from core.config import draft_of
+    from worker.settings import draft_problem
+    draft = draft_of(a.speculative)
+    return None if draft is None else draft_problem(draft, a.tp)
 
 
 RESTARTABLE = ("worker", "frontend", "http")

@@ -3,7 +3,8 @@ the echo model with `--speculative ngram`. Requests that opt out (`speculative=F
 plain decoding inside the same engine, so each request is sent both ways: tokens, logprobs,
 finish and stop strings must agree, drafts must be accepted, the metrics, stats() and
 /metrics report them, and the step log verifies with and without the model at teardown.
-`--speculative draft:PATH` is refused at start."""
+A draft model that cannot be had is refused at start (tests/group/test_speculative_draft.py
+serves one)."""
 from __future__ import annotations
 
 import subprocess
@@ -95,8 +96,12 @@ def test_the_http_field_opts_out_and_is_validated(spec_group):
     assert status == 400 and bad["error"]["param"] == "speculative"
 
 
-def test_the_draft_model_proposer_is_refused_at_start():
+def test_a_draft_model_that_cannot_be_had_is_refused_at_start():
     r = subprocess.run([sys.executable, "-m", "scripts.group.supervisor", "--model", "null",
                         "--no-log", "--speculative", "draft:/nowhere.gguf"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "not built yet" in r.stderr
+    assert r.returncode == 2 and "/nowhere.gguf" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "scripts.group.supervisor", "--model", "null",
+                        "--no-log", "--speculative", "draft:null"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "cannot draft" in r.stderr

@@ -28,3 +28,22 @@ def test_turns_pool_by_median_and_sum_and_only_level_one_counts_steps():
     assert p["tpot_ms_p50"] == 20.0 and p["output_tok_s"] == 40.0 and p["draft_tokens"] == 24
     assert p["acceptance"] == 0.5 and p["tokens_per_decode_step"] is not None
     assert sp.pooled(ms, 2, 64)["tokens_per_decode_step"] is None
+
+
+def test_llama_cpp_drafts_by_the_engines_method():
+    from pathlib import Path
+
+    from scripts.benchmarks._speculative_peer import spec_args
+    ngram, draft = spec_args(4), spec_args(3, Path("/x/d.gguf"))
+    assert ngram[:2] == ["--spec-type", "ngram-simple"] and "--spec-draft-model" not in ngram
+    assert draft[:2] == ["--spec-type", "draft-simple"]
+    assert draft[draft.index("--spec-draft-model") + 1] == "/x/d.gguf"
+    assert draft[draft.index("--spec-draft-n-max") + 1] == "3"
+
+
+def test_the_table_names_the_method_that_drafted():
+    from scripts.benchmarks._report_tables import speculative
+    doc = {"results": {}, "workload": {"num_draft": 4}}
+    assert "n-gram drafts" in speculative(doc)
+    doc["workload"].update(speculative="draft:smollm2", gguf_type="F32")
+    assert "draft model smollm2 for the model as F32" in speculative(doc)

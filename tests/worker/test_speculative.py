@@ -42,11 +42,13 @@ def workload(vocab: int, n: int = 64) -> list[tuple[list[int], int, SamplingPara
     return out
 
 
-def generate(runner, reqs, num_draft: int, num_blocks: int, max_batch_tokens: int = 256):
+def generate(runner, reqs, num_draft: int, num_blocks: int, max_batch_tokens: int = 256,
+             draft_model: bool = False):
+    """draft_model: the runner's draft model proposes (tests/worker/test_draft_model.py)."""
     info = runner.info
     cfg = SchedulerConfig(max_seqs=64, max_batch_tokens=max_batch_tokens,
                           max_model_len=info.max_model_len, num_draft=num_draft,
-                          spec_max_batch=64)
+                          spec_max_batch=64, draft_model=draft_model)
     eng = build_engine(cfg, "chunked", 32, info.block_size, num_blocks, info.eos_ids, 0,
                        runner, prefix_cache=True)
     ids = [eng.add(Request(list(p), n), sp, ignore_eos=True) for p, n, sp in reqs]
