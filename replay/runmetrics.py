@@ -4,6 +4,8 @@ predicted side are computed by these same functions, so that they compare like w
 Per request: queue wait = start of the step that first admitted it - arrival; TTFT = end of
 the step that sampled its first token - arrival; TPOT = (last token - first token) / (tokens
 - 1). Makespan: first arrival to last token; throughput: generated tokens / makespan.
+Speculative decoding: the drafts verified, those kept and their ratio (acceptance), counted
+over the steps whose tokens came back.
 """
 from __future__ import annotations
 
@@ -66,8 +68,23 @@ def metrics(steps: list[Step], arrivals: dict[int, float], priorities: dict[int,
                                               for i in ids) / len(ids) * 1e3),
                       "ttft_ms_p50": _r(percentile(_ms(done[i].first - done[i].arrival
                                                        for i in ids), 50))}
+    counts = draft_counts(steps).values()
+    drafted, kept = sum(d for d, _ in counts), sum(k for _, k in counts)
     return {**_figures(done, min(arrivals.values(), default=0.0)),
-            "preemptions": sum(len(s.preempted) for s in steps), "by_priority": by_prio}
+            "preemptions": sum(len(s.preempted) for s in steps), "steps": len(steps),
+            "draft_tokens": drafted, "accepted_tokens": kept,
+            "acceptance": round(kept / drafted, 4) if drafted else None,
+            "by_priority": by_prio}
+
+
+def draft_counts(steps: list[Step]) -> dict[int, tuple[int, int]]:
+    """Each request's drafts verified and drafts kept, over the run."""
+    out: dict[int, tuple[int, int]] = {}
+    for s in steps:
+        for seq_id, drafted, kept in s.verified:
+            d, k = out.get(seq_id, (0, 0))
+            out[seq_id] = (d + drafted, k + kept)
+    return out
 
 
 def by_priority(steps: list[Step], arrivals: dict[int, float],

@@ -9,6 +9,11 @@ non-negative: more work never takes less time. The forward's cost in the step's 
 is piecewise linear, bending every ROW_ALIGN tokens up to 64 and at 128 and 256 (the
 `tokens_over_*` features, free of sign): the linear layers' time is flat while they read
 weights and rises once rows fill the matmul, and the worker pads rows to a multiple of 4.
+A decode verified with k drafts is k + 1 query rows, each sampled and attending its own
+causal context: its rows are `verify_rows` (not `decode_rows`), their keys are in
+`decode_ctx_k` and they count in the step's tokens. A log without verified decodes cannot fit
+`verify_rows`; it then costs what `decode_rows` does (docs/design/whatif.md, "Speculative
+decoding in a what-if").
 `RecordedTimes` is the other timer a simulation takes: each recorded step's own times.
 """
 from __future__ import annotations
@@ -21,7 +26,8 @@ from replay.trace import TraceError
 from worker.linear import ROW_ALIGN
 
 WORK = ("const", "prefill_tokens", "prefill_attn_k", "prefill_seqs", "decode_rows",
-        "decode_ctx_k")
+        "decode_ctx_k", "verify_rows")
+DECODE_ROWS, VERIFY_ROWS = WORK.index("decode_rows"), WORK.index("verify_rows")
 KNOTS = (*range(ROW_ALIGN, 65, ROW_ALIGN), 128, 256)
 FORWARD = (*WORK, *(f"tokens_over_{k}" for k in KNOTS))
 GAP = ("const", "prev_tokens")
@@ -30,15 +36,23 @@ HOLD_OUT = 5         # every 5th usable step is held out for the error estimate
 OUTLIER = 10         # a step this many median absolute residuals slow is a hiccup
 
 
-def forward_features(prefill, decode_ctx) -> list[float]:
+def forward_features(prefill, decode_ctx, drafts=()) -> list[float]:
     """prefill_attn_k: (query, key) pairs of the prefill chunks over 1000 (a chunk of length
-    l from position s attends l*s + l(l+1)/2 keys); decode_ctx_k: keys the decodes attend;
+    l from position s attends l*s + l(l+1)/2 keys); decode_ctx_k: keys the decode rows attend
+    (a decode of context c verified with k drafts: (k+1)c + k(k+1)/2); verify_rows: the rows
+    of the decodes with drafts (`drafts`: each decode's count, aligned with `decode_ctx`);
     tokens_over_k: how far the step's tokens, padded to ROW_ALIGN, exceed k."""
     attn = sum(l * s + l * (l + 1) / 2 for _, s, l, _ in prefill)
     tokens = sum(c[2] for c in prefill)
-    padded = -(-(tokens + len(decode_ctx)) // ROW_ALIGN) * ROW_ALIGN
-    return [1.0, float(tokens), attn / 1e3, float(len(prefill)), float(len(decode_ctx)),
-            sum(decode_ctx) / 1e3, *(max(0.0, float(padded - k)) for k in KNOTS)]
+    keys, verify = float(sum(decode_ctx)), 0
+    for c, k in zip(decode_ctx, drafts):
+        if k:
+            keys += k * c + k * (k + 1) / 2
+            verify += k + 1
+    decodes = len(decode_ctx) + sum(drafts)
+    padded = -(-(tokens + decodes) // ROW_ALIGN) * ROW_ALIGN
+    return [1.0, float(tokens), attn / 1e3, float(len(prefill)), float(decodes - verify),
+            keys / 1e3, float(verify), *(max(0.0, float(padded - k)) for k in KNOTS)]
 
 
 def gap_features(prev_sampled: int) -> list[float]:
@@ -56,6 +70,7 @@ class StepModel:
     r2: float          # of ready -> end, over every usable step
     mape: float        # of ready -> end on held-out steps (fitted without them), as a fraction
     steps: int
+    verify_steps: int = 0   # of them, steps with verified decodes (0: verify_rows borrowed)
 
     def gap_s(self, k: int, prev_sampled: int) -> float:
         return dot(self.gap, gap_features(prev_sampled))
@@ -68,6 +83,9 @@ class StepModel:
                  f"MAPE on held-out steps {self.mape * 100:.2f}%",
                  "  forward (plan -> commit), seconds per unit:"]
         lines += [f"    {n:<16} {c:.3e}" for n, c in zip(FORWARD, self.forward)]
+        lines.append(f"    (verify_rows fitted on {self.verify_steps} steps with drafts)"
+                     if self.verify_steps else
+                     "    (verify_rows: decode_rows' cost; the log has no verified decodes)")
         lines.append("  gap (ready -> plan), seconds per unit:")
         lines += [f"    {n:<16} {c:.3e}" for n, c in zip(GAP, self.gap)]
         return "\n".join(lines)
@@ -109,8 +127,11 @@ def fit(steps: list[Step], where: str = "the log") -> StepModel:
     mean = sum(y) / len(y)
     ss_tot = sum((v - mean) ** 2 for v in y)
     ss_res = sum((_total((fwd, gap), s) - v) ** 2 for s, v in zip(usable, y))
+    verify_steps = sum(1 for s in usable if any(s.drafts))
+    if not verify_steps:   # an all-zero column fits 0: a verify row costs as a decode row
+        fwd[VERIFY_ROWS] = fwd[DECODE_ROWS]
     return StepModel(tuple(fwd), tuple(gap), 1 - ss_res / ss_tot if ss_tot > 0 else 1.0,
-                     sum(errs) / len(errs) if errs else 0.0, len(usable))
+                     sum(errs) / len(errs) if errs else 0.0, len(usable), verify_steps)
 
 
 def _robust(steps: list[Step]) -> tuple[list[float], list[float]]:
@@ -131,7 +152,7 @@ def _robust(steps: list[Step]) -> tuple[list[float], list[float]]:
 
 
 def _fit_parts(steps: list[Step]) -> tuple[list[float], list[float]]:
-    fwd = nnls([forward_features(s.prefill, s.decode_ctx) for s in steps],
+    fwd = nnls([forward_features(s.prefill, s.decode_ctx, s.drafts) for s in steps],
                [s.end - s.start for s in steps], signed=range(len(WORK), len(FORWARD)))
     gap = nnls([gap_features(s.prev_sampled) for s in steps], [s.start - s.ready for s in steps])
     return fwd, gap
@@ -139,7 +160,8 @@ def _fit_parts(steps: list[Step]) -> tuple[list[float], list[float]]:
 
 def _total(parts, s: Step) -> float:
     fwd, gap = parts
-    return dot(fwd, forward_features(s.prefill, s.decode_ctx)) + dot(gap, gap_features(s.prev_sampled))
+    return (dot(fwd, forward_features(s.prefill, s.decode_ctx, s.drafts))
+            + dot(gap, gap_features(s.prev_sampled)))
 
 
 def nnls(X: list[list[float]], y: list[float], signed=()) -> list[float]:

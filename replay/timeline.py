@@ -21,9 +21,13 @@ class Step:
     decode: tuple           # ids
     decode_ctx: tuple       # each decode row's context length (tokens it attends)
     preempted: tuple
-    sampled: tuple          # the ids that got a token, in row order
+    sampled: tuple          # the ids that got a token, in row order (a verified decode's
+    #                         id once per token it kept)
     prev_sampled: int       # tokens the step before it published (0 after an idle wait)
     usable: bool = True     # False: abandoned, or right after a worker restart (no timing)
+    drafts: tuple = ()      # each decode's drafts verified with it (aligned with decode;
+    #                         () when the step drafted for none)
+    verified: tuple = ()    # ((id, drafts, drafts kept), ...): its verified decodes' outcome
 
 
 @dataclass
@@ -33,6 +37,7 @@ class Recorded:
     steps: list[Step]
     arrivals: dict[int, float]                 # request id -> arrival (s)
     tokens: dict[int, list[int]] = field(default_factory=dict)  # id -> tokens it generated
+    stopped: set[int] = field(default_factory=set)   # ids whose last token was a stop token
 
 
 def recorded(log: LogFile) -> Recorded:
@@ -53,6 +58,7 @@ def recorded(log: LogFile) -> Recorded:
         added[step] = [i for kind, i in inputs if kind == "add" and i in arrivals]
     n = {seq_id: len(r["prompt_tokens"]) for seq_id, r in log.requests.items()}
     tokens: dict[int, list[int]] = {seq_id: [] for seq_id in log.requests}
+    stopped: set[int] = set()
     steps, prev = [], 0
     for k, row in enumerate(rows):
         idle = k == 0 or not busy[k - 1]
@@ -61,18 +67,32 @@ def recorded(log: LogFile) -> Recorded:
         ready = (max(woke, last) if idle else last) - origin
         prev = 0 if idle else prev
         sched = row.schedule
-        sampled = tuple(o[0] for o in row.outputs)
+        # a row after a request's stop token was planned before the stop was known
+        # (overlapped): the scheduler drops it, so it is no token of the request
+        kept = [o for o in kept_outputs(sched, row.outputs) if o[0] not in stopped]
         abandoned = not row.outputs and (sched["decode"] or any(c[3] for c in sched["prefill"]))
         restarted = any(kind == "restart" for kind, _ in log.inputs.get(k, ()))
         steps.append(Step(ready, starts[k] - origin, row.wall_time - origin,
                           tuple(tuple(c) for c in sched["prefill"]), tuple(sched["decode"]),
                           tuple(n[i] for i in sched["decode"]), tuple(sched["preempted"]),
-                          sampled, prev, not (abandoned or restarted)))
-        for seq_id, token, _ in kept_outputs(sched, row.outputs):
+                          tuple(o[0] for o in kept), prev, not (abandoned or restarted),
+                          *_speculated(sched)))
+        for seq_id, token, stop in kept:
             n[seq_id] += 1
             tokens[seq_id].append(token)
-        prev = len(sampled)
-    return Recorded(origin, steps, arrivals, tokens)
+            if stop:
+                stopped.add(seq_id)
+        prev = len(kept)
+    return Recorded(origin, steps, arrivals, tokens, stopped)
+
+
+def _speculated(sched: dict) -> tuple[tuple, tuple]:
+    """A logged schedule's drafts per decode and its verified decodes' (id, drafts, kept)."""
+    drafts = dict(sched.get("drafts", ()))
+    if not drafts:
+        return (), ()
+    return (tuple(len(drafts.get(i, ())) for i in sched["decode"]),
+            tuple((i, len(drafts[i]), kept) for i, kept in sched.get("accepted", ())))
 
 
 def _unoverlap(rows: list, starts: list[float]) -> None:

@@ -3,7 +3,10 @@ from a CSV trace (docs/DESIGN.md, "What-if replay").
 
 A request's length is the number of tokens it generated in the recording; a simulation
 makes it generate exactly those tokens (so prefix-cache hits on generated tokens repeat).
-A request that generated nothing (aborted before its first token) is left out.
+One that ended on its own (a stop token, its max_tokens) keeps its recorded max_tokens and
+its last token is a stop when it was one: its limit is the live one (speculation's drafts
+stop short of it). A request that generated nothing (aborted before its first token) is left
+out.
 
 CSV: `arrival_s,prompt_tokens,output_tokens,priority` (Vidur's request trace shape plus the
 priority), one request a row, arrival in seconds from the trace's start.
@@ -13,6 +16,8 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, replace
 
+from core.engine import speculative
+from core.ipc.protocol import SamplingParams
 from core.sched_types import MAX_PRIORITY
 from replay.logfile import LogFile
 from replay.timeline import Recorded
@@ -33,6 +38,13 @@ class TraceRequest:
     priority: int = 0
     cache_hits: bool = True  # False: it asked for prompt logprobs (docs/DESIGN.md, "Prompt logprobs")
     cache_salt: str | None = None  # shares cached blocks only within its salt (from a log)
+    max_tokens: int | None = None  # the recorded limit (None: len(output), it ends by length)
+    stops: bool = False      # its last token is a stop token
+    speculative: bool = True  # may be verified with drafts (core/engine.py speculative)
+
+    @property
+    def limit(self) -> int:
+        return self.max_tokens or len(self.output)
 
 
 def from_log(log: LogFile, rec: Recorded) -> list[TraceRequest]:
@@ -40,14 +52,21 @@ def from_log(log: LogFile, rec: Recorded) -> list[TraceRequest]:
     for seq_id, r in sorted(log.requests.items()):
         tokens = rec.tokens.get(seq_id)
         if tokens and seq_id in rec.arrivals:
+            stops = seq_id in rec.stopped
+            own = stops or r["finish_reason"] == "length"   # not a stop string nor an abort
             out.append(TraceRequest(seq_id, rec.arrivals[seq_id], tuple(r["prompt_tokens"]),
                                     tuple(tokens), r["priority"],
                                     r["sampling"].get("prompt_logprobs") is None,
-                                    r["cache_salt"]))
+                                    r["cache_salt"], r["max_tokens"] if own else None, stops,
+                                    speculative(_sampling(r["sampling"]))))
     if not out:
         raise TraceError(f"{log.path}: no request generated a token; there is no traffic to"
                          " simulate")
     return out
+
+
+def _sampling(doc: dict) -> SamplingParams:
+    return SamplingParams(**{k: v for k, v in doc.items() if k != "ignore_eos"})
 
 
 def scaled(reqs: list[TraceRequest], load: float) -> list[TraceRequest]:

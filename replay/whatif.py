@@ -19,7 +19,8 @@ from replay.timeline import Recorded, recorded
 from replay.trace import TraceError, from_log, read_csv, scaled, write_csv
 
 ROWS = ("throughput_tok_s", "makespan_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
-        "tpot_ms_p99", "queue_ms_p50", "queue_ms_p99", "preemptions")
+        "tpot_ms_p99", "queue_ms_p50", "queue_ms_p99", "preemptions", "steps", "draft_tokens",
+        "accepted_tokens", "acceptance")
 PRIORITY_ROWS = ROWS[2:8]   # the latencies
 
 
@@ -37,6 +38,15 @@ def add_parsers(sub) -> None:
         w.add_argument(f"--{name}", type=int, help=f"{what} (default: the log's)")
     w.add_argument("--prefill", choices=["whole", "chunked"],
                    help="prefill policy (default: the log's)")
+    w.add_argument("--speculative", metavar="ngram|off",
+                   help="speculative decoding with n-gram drafts, or none (default: the"
+                        " log's); needs a log from the batch-invariant mode")
+    w.add_argument("--num-draft", type=int,
+                   help="with speculation, the most drafts per request and step (default:"
+                        " the log's, else 4)")
+    w.add_argument("--spec-max-batch", type=int,
+                   help="with speculation, a step drafts only while at most this many"
+                        " requests run (default: the log's)")
     w.add_argument("--load", type=float, default=1.0, help="arrival rate factor (2.0: twice)")
     w.add_argument("--json", help="write recorded, predicted and fit here")
     w.add_argument("--plot", help="draw the predicted timeline beside the recorded one")
@@ -103,8 +113,10 @@ def predict(log: LogFile, knobs: Knobs = Knobs(), load: float = 1.0,
     before, before_p = (None, None) if trace else recorded_figures(log, rec, detail=True)
     if load != 1.0:
         reqs = scaled(reqs, load)
-    sim = simulate(scheduler_for(log.meta, knobs), reqs, model,
-                   overlap=bool(log.meta.get("overlap")))
+    sched = scheduler_for(log.meta, knobs, tokens=not trace)
+    # a speculating core runs without overlap (core/config.py CoreConfig.overlapped)
+    sim = simulate(sched, reqs, model,
+                   overlap=bool(log.meta.get("overlap")) and not sched.cfg.num_draft)
     args = (sim.steps, {r.id: r.arrival_s for r in reqs}, {r.id: r.priority for r in reqs})
     doc = {"recorded": before, "predicted": metrics(*args),
            "fit": {"r2": round(model.r2, 6), "mape": round(model.mape, 6)}}
@@ -138,6 +150,9 @@ def report(w: WhatIf, knobs: Knobs, load: float) -> str:
     what = ", ".join(f"{k} {v}" for k, v in changed.items()) or "the recorded configuration"
     lines = [f"what-if: {what}" + (f", load x{load:g}" if load != 1.0 else ""),
              w.model.describe().splitlines()[0]]
+    if w.doc["predicted"]["draft_tokens"] and not w.model.verify_steps:
+        lines.append("verified decodes: each row costs a decode row's (the log has none to fit"
+                     " verify_rows on)")
     refused = w.simulated.refused
     if refused:
         lines.append(f"refused by the scheduler: {len(refused)} request(s), e.g. request"

@@ -12,7 +12,8 @@ Workload: --requests requests, prompt and output lengths uniform in --prompt-len
 rate above what A serves, so that the engine stays busy); greedy, EOS ignored, so every
 request generates its max_tokens. --a and --b are scheduling flags of scripts/serve that
 whatif also takes (--policy, --aging-steps, --max-seqs, --max-batch-tokens, --num-blocks,
---prefill, --max-chunk, --preempt-margin). Measured figures come from each run's own step
+--prefill, --max-chunk, --preempt-margin, --speculative ngram, --num-draft,
+--spec-max-batch). Measured figures come from each run's own step
 log, computed as the prediction's are (replay/runmetrics.py). Errors are (predicted -
 measured) / measured; the goals: A from its own log within 5% on makespan and TTFT p50, B
 within 10% on makespan, throughput and TTFT p50, per priority too; p99 errors as they are.
@@ -69,8 +70,9 @@ def knobs(flags: str):
     p = argparse.ArgumentParser(prog="a configuration", add_help=False)
     p.add_argument("--policy", choices=["fcfs", "priority"])
     p.add_argument("--prefill", choices=["whole", "chunked"])
+    p.add_argument("--speculative", choices=["ngram"])   # 'off' is no scripts/serve value
     for name in KNOBS:
-        if name not in ("policy", "prefill"):
+        if name not in ("policy", "prefill", "speculative"):
             p.add_argument(f"--{name.replace('_', '-')}", type=int)
     a = p.parse_args(shlex.split(flags))
     return Knobs(**{k: getattr(a, k) for k in KNOBS})

@@ -120,34 +120,58 @@ def test_fcfs_admits_in_arrival_order(logs):
     assert first_admissions(sim.steps) == order
 
 
-def synthetic_steps(forward, gap, n=200, seed=3) -> list[Step]:
+def synthetic_steps(forward, gap, n=200, seed=3, drafts=False) -> list[Step]:
+    """`drafts`: some decodes are verified with 1..4 drafts."""
     rng = random.Random(seed)
     out, t = [], 0.0
     for _ in range(n):
         prefill = tuple((i, rng.randrange(0, 300), rng.randrange(1, 200), True)
                         for i in range(rng.randrange(0, 4)))
         ctx = tuple(rng.randrange(10, 900) for _ in range(rng.randrange(0 if prefill else 1, 30)))
+        ks = tuple(rng.choice((0, 0, 1, 2, 4)) for _ in ctx) if drafts else ()
         prev = rng.randrange(0, 30)
         start = t + dot(gap, gap_features(prev))
-        end = start + dot(forward, forward_features(prefill, ctx))
-        out.append(Step(t, start, end, prefill, tuple(range(len(ctx))), ctx, (), (), prev))
+        end = start + dot(forward, forward_features(prefill, ctx, ks))
+        out.append(Step(t, start, end, prefill, tuple(range(len(ctx))), ctx, (), (), prev,
+                        True, ks))
         t = end
     return out
 
 
+def coefficients(*work: float, knots=None) -> tuple:
+    """A forward model: WORK's coefficients, then the knots' (0 unless given)."""
+    assert len(work) == len(WORK)
+    return work + (knots or (0.0,) * len(KNOTS))
+
+
 def test_fit_recovers_known_coefficients():
-    forward = (2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5) + (0.0,) * len(KNOTS)
+    forward = coefficients(2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5, 8e-5)
     gap = (3e-4, 1e-6)
-    model = fit(synthetic_steps(forward, gap))
+    model = fit(synthetic_steps(forward, gap, drafts=True))
+    assert model.verify_steps > 100
     assert model.forward == pytest.approx(forward, rel=1e-6)
     assert model.gap == pytest.approx(gap, rel=1e-6)
     assert model.r2 == pytest.approx(1.0) and model.mape < 1e-6
     assert len(model.forward) == len(FORWARD) and len(model.gap) == len(GAP)
 
 
+def test_without_verified_decodes_a_verify_row_costs_a_decode_row():
+    """A log made without speculation has no verify_rows to fit: the column is all zeros,
+    and the model prices a verified decode's rows as decode rows (docs/design/whatif.md)."""
+    model = fit(synthetic_steps(coefficients(2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5, 0.0),
+                                (3e-4, 1e-6)))
+    decode, verify = WORK.index("decode_rows"), WORK.index("verify_rows")
+    assert model.verify_steps == 0 and model.forward[verify] == model.forward[decode] > 0
+    assert "no verified decodes" in model.describe()
+    # a decode with 3 drafts costs as 4 decodes of contexts c..c+3 (the knots aside)
+    one = forward_features((), (100,), (3,))
+    four = forward_features((), (100, 101, 102, 103))
+    assert dot(model.forward[:len(WORK)], one) == pytest.approx(dot(model.forward[:len(WORK)], four))
+
+
 def test_fit_keeps_coefficients_non_negative():
     """A feature whose true cost is 0 and that noise would make negative comes out 0."""
-    steps = synthetic_steps((1e-3, 1e-5, 0.0, 0.0, 5e-5, 0.0) + (0.0,) * len(KNOTS), (1e-4, 0.0))
+    steps = synthetic_steps(coefficients(1e-3, 1e-5, 0.0, 0.0, 5e-5, 0.0, 0.0), (1e-4, 0.0))
     rng = random.Random(1)
     noisy = [Step(s.ready, s.start, s.start + (s.end - s.start) * rng.uniform(0.97, 1.03),
                   s.prefill, s.decode, s.decode_ctx, s.preempted, s.sampled, s.prev_sampled)
@@ -161,7 +185,8 @@ def test_fit_follows_a_cost_that_bends_with_the_token_count():
     """Flat while the weights are read (up to 16 tokens), then rising: the piecewise part
     recovers it where one slope per token could not."""
     bend = tuple(3e-4 if k == 16 else 0.0 for k in KNOTS)
-    steps = synthetic_steps((2e-2, 0.0, 0.0, 0.0, 0.0, 1e-5) + bend, (0.0, 0.0), n=300)
+    steps = synthetic_steps(coefficients(2e-2, 0.0, 0.0, 0.0, 0.0, 1e-5, 0.0, knots=bend),
+                            (0.0, 0.0), n=300)
     model = fit(steps)
     assert model.mape < 1e-6
     assert model.forward[FORWARD.index("tokens_over_16")] == pytest.approx(3e-4, rel=1e-4)
@@ -192,7 +217,8 @@ def test_cli_whatif_json_and_trace(logs, tmp_path, capsys):
                         "--json", str(tmp_path / "w.json")]) == 0
     doc = json.loads((tmp_path / "w.json").read_text())
     keys = {"throughput_tok_s", "makespan_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
-            "tpot_ms_p99", "queue_ms_p50", "queue_ms_p99", "preemptions", "by_priority"}
+            "tpot_ms_p99", "queue_ms_p50", "queue_ms_p99", "preemptions", "by_priority",
+            "steps", "draft_tokens", "accepted_tokens", "acceptance"}
     assert set(doc) == {"recorded", "predicted", "fit"} and set(doc["fit"]) == {"r2", "mape"}
     assert set(doc["recorded"]) == keys == set(doc["predicted"])
     for figs in doc["predicted"]["by_priority"].values():
@@ -253,7 +279,8 @@ def test_plot_draws_both_timelines(logs, tmp_path):
 
 
 def test_hiccups_stay_out_of_the_slopes_but_in_the_total():
-    forward, gap = (2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5) + (0.0,) * len(KNOTS), (3e-4, 1e-6)
+    # verify_rows as decode_rows: the fit gives it that without verified decodes
+    forward, gap = coefficients(2e-3, 1e-5, 4e-6, 3e-4, 5e-5, 2e-5, 5e-5), (3e-4, 1e-6)
     steps = synthetic_steps(forward, gap)
     slow = {3: 2.5, 50: 0.8}     # a warm-up and a pause, in seconds
     steps = [Step(s.ready, s.start, s.end + slow.get(k, 0.0), s.prefill, s.decode,
@@ -288,7 +315,7 @@ def test_fit_recovers_known_coefficients_from_a_log(logs, tmp_path):
     from the real scheduler re-running the log (not from replay/timeline.py's bookkeeping)."""
     from core.config import engine_from_meta
     from replay.verify import _apply_inputs
-    forward, gap = (1.5e-3, 2e-5, 3e-6, 4e-4, 6e-5, 1e-5) + (0.0,) * len(KNOTS), (2e-4, 3e-6)
+    forward, gap = coefficients(1.5e-3, 2e-5, 3e-6, 4e-4, 6e-5, 1e-5, 6e-5), (2e-4, 3e-6)
     path = tmp_path / "synthetic.db"
     shutil.copy(logs["preempt"].path, path)
     log = LogFile(str(path))
