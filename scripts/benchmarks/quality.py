@@ -55,11 +55,15 @@ def gguf_model(model: str) -> tuple[Path, Path]:
 def chat_prompts(ckpt: Path) -> list[list[int]]:
     """The committed questions as token ids: the model's chat template (as the gateway
     renders it), then tokenized without special tokens, as the gateway does."""
+    return rendered_chats(ckpt, json.loads(PROMPTS.read_text()))
+
+
+def rendered_chats(ckpt: Path, questions: list[str]) -> list[list[int]]:
+    """Each question as a one-message chat's token ids, as the gateway sends it."""
     from frontend.http.chat import ChatTemplate
     tmpl = ChatTemplate.load(str(ckpt))
     return [tmpl.tokenizer(tmpl.render([{"role": "user", "content": q}]),
-                           add_special_tokens=False)["input_ids"]
-            for q in json.loads(PROMPTS.read_text())]
+                           add_special_tokens=False)["input_ids"] for q in questions]
 
 
 def run_engine(model: str, tmp: Path, wins, ctx: int, prompts, eog) -> tuple[list, list]:

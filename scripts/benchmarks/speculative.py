@@ -92,11 +92,9 @@ def chat_questions(n: int) -> list[str]:
 
 def rendered(model: str, questions: list[str]) -> list[list[int]]:
     """Token ids as the gateway sends a chat: the template, then no special tokens added."""
-    from frontend.http.chat import ChatTemplate
+    from scripts.benchmarks.quality import rendered_chats
     from worker.load import resolve_checkpoint
-    tmpl = ChatTemplate.load(str(resolve_checkpoint(model)[0]))
-    return [tmpl.tokenizer(tmpl.render([{"role": "user", "content": q}]),
-                           add_special_tokens=False)["input_ids"] for q in questions]
+    return rendered_chats(resolve_checkpoint(model)[0], questions)
 
 
 def turn(system, prompts: list[list[int]], level: int, max_tokens: int,
