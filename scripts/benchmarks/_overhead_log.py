@@ -70,6 +70,31 @@ def log_step_ms(rows: list, batch: int, worker_times: Path | None = None) -> dic
     return fig
 
 
+@dataclass
+class Window:
+    """The steady steps in wall time (the step log's clock, time.time()): from the first
+    to the last measured full-batch step; `steps` and `deltas` (one per request that got
+    a token in a step) are those after t0 up to t1."""
+    t0: float
+    t1: float
+    steps: int
+    deltas: int
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+
+def steady_window(rows: list, batch: int) -> Window:
+    full = [r for r in rows if is_full(r, batch)][WARM_STEPS:]
+    if len(full) < 2:
+        raise RuntimeError("fewer than two steady full-batch steps: raise --steps")
+    first, last = full[0], full[-1]
+    inside = [r for r in rows if first.step < r.step <= last.step]
+    deltas = sum(len({seq_id for seq_id, _, _ in r.outputs}) for r in inside)
+    return Window(first.wall_time, last.wall_time, len(inside), deltas)
+
+
 def arrival_spread(log_path) -> int:
     """Steps between the first and the last add of the measured requests (the first two
     adds are the warm-up)."""

@@ -167,7 +167,36 @@ def overhead(doc: dict) -> str:
                  (f"smol, {s.get('batch')} running: step / the same batches offline",
                   num(s.get("step_over_forward"), ".3f"),
                   num(s.get("step_over_forward_no_overlap"), ".3f"))]
-    return markdown(("case", "overlapped", "plain (`--no-overlap`)"), rows)
+    split = overhead_split(doc)
+    return markdown(("case", "overlapped", "plain (`--no-overlap`)"), rows) + split
+
+
+def overhead_split(doc: dict) -> str:
+    """Each process's CPU over the steady steps, where the JSON has it (older ones lack it)."""
+    cases = [(f"null model, {size} running (sink)", f) for size, f in
+             (doc.get("null") or {}).items()]
+    c = doc.get("asyncclient") or {}
+    cases.append((f"null model, {c.get('streams')} streams on one AsyncClient", c))
+    rows = [(label, num(f.get("step_ms"), ".2f"),
+             *(num(get(f, "cpu", k), ".2f") for k in ("core_ms_per_step", "worker_ms_per_step")),
+             *(num(get(f, "cpu", k), ".1f") for k in ("frontend_us_per_delta",
+                                                      "client_us_per_delta")),
+             " / ".join(num(get(f, "cpu", "busy", k), ".2f")
+                        for k in ("core", "worker", "frontend", "client")),
+             num(get(f, "cpu", "received_over_produced"), ".2f"))
+            for label, f in cases if "cpu" in f]
+    if not rows:
+        return ""
+    failed = (f" On the AsyncClient, {c.get('errors')} streams failed"
+              f"{' (the frontend dropped it)' if c.get('frontend_dropped_client') else ''}."
+              if "cpu" in c else "")
+    return ("\n\n" + markdown(("case", "ms a step", "core CPU ms/step", "worker CPU ms/step",
+                                "frontend CPU us/delta", "client CPU us/delta",
+                                "busy: core / worker / frontend / client",
+                                "deltas read / made"), rows)
+            + "\n\nCPU time (utime + stime, every thread) over the steady steps; busy: the"
+            " share of one core each process used then; deltas read / made: below 1, the"
+            " frontend or the client fell behind the core." + failed)
 
 
 PREFIX_WORKLOADS = {"shared_t0": "shared, t=0", "shared_steady": "shared, Poisson",

@@ -4,8 +4,8 @@
     scripts/bench overhead --json overhead.json
     scripts/bench overhead --quick            # fewer steps
 
-1. The null model (`--model null`: no compute) through the whole group at 64 and 256
-   running sequences (16-token prompts, long outputs, --max-seqs set to the count,
+1. The null model (`--model null`: no compute) through the whole group at 64, 256 and
+   1,024 running sequences (16-token prompts, long outputs, --max-seqs set to the count,
    blocks for all), so that steady steps are full decode batches. The step time is the
    mean wall-time delta between consecutive full-batch steps of the step log. It is
    broken down into: the engine (schedule + build the ForwardBatch + on_step + state
@@ -17,6 +17,11 @@
    Logging: the writer's work per step, timed in-process (replaying the log with a real
    StepLog against without), and end to end (the same run with --no-log: the difference
    in wall time per step).
+   Each process's CPU (utime + stime of /proc/PID/stat, its threads included, sampled
+   20 times a second) over the steady steps (`cpu`): the core's and the worker's per
+   step, the frontend's per delta it sent, the client's per delta it read, and each one's
+   share of a core (`busy`): on this machine's 2 cores, a process near 1.0 is what bounds
+   the step. `lag_s`: how long after the last step the last delta was read.
 2. smol at 64 sequences: the group's step time against the worker's pure forward time on
    the same ForwardBatches, rebuilt from the step log and re-run offline on a ModelRunner
    (runner.execute alone): `step_over_forward_64`. This machine's speed drifts by 10-20%
@@ -26,48 +31,63 @@
    names): `step_over_forward_in_run_64`. It hides what the core's concurrent work costs
    the forward (both share the cores) and shows what the worker waits for.
 
+3. The client: the null model with `--client-streams` (1,000) requests, each a stream of
+   one AsyncClient, all in flight (`asyncclient`): deltas read a second against those the
+   group made, the client's CPU per delta, failed streams, and whether the frontend
+   dropped the client.
+
 The groups run with overlapped scheduling (the default; `--no-overlap` measures without it,
 `--compare` adds a run without it per case: `step_ms_null_N_no_overlap`,
 `step_over_forward_64_no_overlap`). Overlapped, an engine step's work (plan N+1, settle N,
 launch N+1) runs while the worker computes, and the log's duration_ms spans the next step's
 plan, so the breakdown's parts no longer add up to the step: read step_ms.
 
-Requests go through a raw DEALER socket with an unbounded receive queue (`sink`), not
-the client library: at hundreds of thousands of deltas a second an asyncio client falls
-behind, and the frontend's heartbeat then drops it (see the report of issue 6).
+In 1 and 2 requests go through a raw DEALER socket with an unbounded receive queue
+(`sink`), not the client library: at hundreds of thousands of deltas a second an asyncio
+client falls behind, and the frontend's heartbeat then drops it (see the report of issue
+6); 3 measures the client library itself.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.benchmarks import _provenance as prov
 from core import cli
 from scripts.benchmarks import common as bl
+from scripts.benchmarks._overhead_cpu import RECEIVED, Sampler, group_pids, per, split
+from scripts.benchmarks._overhead_drive import Received, sink, streams
 from scripts.benchmarks._overhead_log import (arrival_spread, codec_ms, full_batch, log_step_ms,
                                               logging_inproc_ms, mean, null_execute_ms, replay,
-                                              rows_of)
+                                              rows_of, steady_window)
+from scripts.benchmarks._overhead_text import report
 
 NULL_PROMPT = 16
 WORKDIR: Path | None = None   # the runs' step logs, removed at the end unless --keep-logs
 NULL_CONTEXT = 2048   # the null model's max_model_len
+DEFAULT_CLIENT_CAP = 1024   # the frontend's --max-inflight-per-client
+CLIENT_GONE = "is gone: aborting"   # the frontend's line when it drops a client
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = cli.parser(prog="scripts/bench overhead", description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default="64,256", help="running sequences for the null model")
+    p.add_argument("--sizes", default="64,256,1024",
+                   help="running sequences for the null model")
     p.add_argument("--steps", type=int, default=1500, help="output tokens per null request")
     p.add_argument("--smol-seqs", type=int, default=64,
                    help="running sequences for the smol model")
     p.add_argument("--smol-steps", type=int, default=48, help="output tokens per smol request")
     p.add_argument("--skip-smol", action="store_true", help="measure the null model only")
     p.add_argument("--skip-null", action="store_true", help="measure the smol model only")
-    p.add_argument("--quick", action="store_true", help="800 null steps, 24 smol steps")
+    p.add_argument("--client-streams", type=int, default=1000,
+                   help="null-model requests on one AsyncClient, all in flight (0: none)")
+    p.add_argument("--quick", action="store_true",
+                   help="400 null steps (the 1,024 case makes 400k deltas a run), 24 smol steps")
     p.add_argument("--json", metavar="FILE", help="write the figures here as JSON")
     prov.add_allow_dirty(p)
     p.add_argument("--keep-logs", action="store_true", help="keep the runs' step logs")
@@ -80,7 +100,7 @@ def parse(argv=None) -> argparse.Namespace:
                    help="no progress bar on stderr")
     a = p.parse_args(argv)
     if a.quick:
-        a.steps, a.smol_steps = 800, 24
+        a.steps, a.smol_steps = 400, 24
     a.sizes = [int(s) for s in a.sizes.split(",") if s]
     top = NULL_CONTEXT - NULL_PROMPT - 1
     if not 50 <= a.steps <= top:
@@ -94,91 +114,69 @@ def _say(msg: str) -> None:
 
 # ---------------------------------------------------------------- running a group
 
-def sink(address: str, reqs, timeout: float = 300,
-         bar: bl.Progress | None = None) -> tuple[float, int]:
-    """Send every request at once on a raw DEALER and read every reply to the end:
-    (wall seconds, output tokens). A measuring instrument, not the client library: its
-    receive queue is unbounded (RCVHWM 0), so it never falls behind at the zmq level,
-    and it does little per delta: it drains what has arrived after each poll and reads
-    the frames as plain msgpack maps (the protocol's checked decode took 6.9 us a frame,
-    this 2.0): on 2 cores, every cycle it spends is taken from the group it measures."""
-    import msgpack
-    import zmq
-
-    from core.ipc.protocol import Delta, ErrorReply, Generate, encode
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        t0 = time.perf_counter()
-        for i, r in enumerate(reqs):
-            sock.send(encode(Generate(request_id=f"o{i}", prompt=r.prompt,
-                                      max_tokens=r.max_tokens, ignore_eos=True)))
-        left, tokens = len(reqs), 0
-        unpack, recv, again = msgpack.unpackb, sock.recv, zmq.Again
-        while left:
-            if not sock.poll(int(timeout * 1000)):
-                raise TimeoutError(f"no reply within {timeout}s; {left} requests unfinished")
-            while left:
-                try:
-                    msg = unpack(recv(zmq.NOBLOCK))
-                except again:
-                    break
-                if msg["t"] == ErrorReply.TAG:
-                    raise RuntimeError(f"request {msg['request_id']}: {msg['code']}"
-                                       f" {msg['message']}")
-                if msg["t"] == Delta.TAG:
-                    tokens += len(msg["token_ids"])
-                    if msg["finish_reason"] is not None:
-                        left -= 1
-                        if bar is not None:
-                            bar.tick()
-        return time.perf_counter() - t0, tokens
-    finally:
-        sock.close()
-        ctx.term()
-
-
 @dataclass
 class GroupRun:
     log: Path | None
     wall_s: float
     worker_times: Path | None = None
+    samples: list = field(default_factory=list)     # the CPU sampler's (_overhead_cpu.py)
+    received: Received = field(default_factory=Received)
+    dropped: bool = False     # the frontend logged this client gone
 
 
 def run_group(args: list[str], reqs, log: bool, progress: bool, label: str,
-              time_worker: bool = False) -> GroupRun:
-    """A group on `args`: two short warm-up requests, then `reqs` through the sink.
-    `time_worker`: the worker writes its time per batch to GroupRun.worker_times."""
+              time_worker: bool = False, drive=sink, strict: bool = True) -> GroupRun:
+    """A group on `args`: two short warm-up requests, then `reqs` through `drive` (sink or
+    streams), each process's CPU sampled meanwhile. `time_worker`: the worker writes its
+    time per batch to GroupRun.worker_times. `strict`: every output token must come."""
     from scripts.group.harness import start_group
     from worker.process import TIMES_ENV
     tmp = Path(tempfile.mkdtemp(prefix="run-", dir=WORKDIR))
     times = tmp / "worker-times.txt" if time_worker else None
     g = start_group(tmp, args, log=log, env={TIMES_ENV: str(times)} if times else None)
+    got = Received()
     try:
         sink(g.address, [bl.Req(r.prompt, 4) for r in reqs[:2]])  # the first requests are slow
-        wall, tokens = sink(g.address, reqs, bar=bl.Progress(len(reqs), label, progress))
+        sampler = Sampler({**group_pids(g), "client": os.getpid()},
+                          {RECEIVED: lambda: got.deltas}).start()
+        try:
+            wall, tokens = drive(g.address, reqs, bar=bl.Progress(len(reqs), label, progress),
+                                 received=got)
+        finally:
+            samples = sampler.stop()
     finally:
         g.stop()
     want = sum(r.max_tokens for r in reqs)
-    if tokens != want:
+    if strict and tokens != want:
         raise RuntimeError(f"got {tokens} output tokens, expected {want}")
-    return GroupRun(g.log, wall, times)
+    return GroupRun(g.log, wall, times, samples, got, CLIENT_GONE in g.tail(10_000))
 
 
 def fixed_requests(n: int, prompt: int, steps: int, tokens: tuple[int, int]) -> list[bl.Req]:
     return bl.random_workload(n, 0, (prompt, prompt), (steps, steps), tokens)
 
 
+def null_args(a, size: int) -> list[str]:
+    """--max-seqs `size` and blocks for all: every request runs at once."""
+    blocks = size * (math.ceil((NULL_PROMPT + a.steps + 1) / 16) + 1)
+    cap = ["--max-inflight-per-client", str(size)] if size > DEFAULT_CLIENT_CAP else []
+    return (["--model", "null", "--max-seqs", str(size), "--num-blocks", str(blocks),
+             "--max-batch-tokens", str(max(2048, size))] + cap
+            + ([] if a.overlap else ["--no-overlap"]))
+
+
+def cpu_figures(run: GroupRun, rows: list, batch: int) -> dict:
+    """Each process's CPU over the steady steps, and how long after the last step the
+    client read its last delta (the frontend's backlog, or the client's)."""
+    return {"cpu": split(run.samples, steady_window(rows, batch)),
+            "lag_s": run.received.last_t - rows[-1].wall_time}
+
+
 # ---------------------------------------------------------------- 1. null model
 
 def null_case(a, size: int, tokens) -> dict:
     reqs = fixed_requests(size, NULL_PROMPT, a.steps, tokens)
-    blocks = size * (math.ceil((NULL_PROMPT + a.steps + 1) / 16) + 1)
-    args = ["--model", "null", "--max-seqs", str(size), "--num-blocks", str(blocks),
-            "--max-batch-tokens", str(max(2048, size))] + ([] if a.overlap else ["--no-overlap"])
+    args = null_args(a, size)
     _say(f"== null model, {size} sequences, {a.steps} steps (step log on)")
     on = run_group(args, reqs, True, a.progress, f"null x{size}")
     _say(f"== null model, {size} sequences (--no-log)")
@@ -202,10 +200,35 @@ def null_case(a, size: int, tokens) -> dict:
                          "ipc_transport": fig["duration_ms"] - engine - wire - null_ms,
                          "between_steps": fig["step_ms"] - fig["duration_ms"],
                          "step_events_encode": codec["step_events_encode"]},
+            **cpu_figures(on, rows, batch),
             "logging_inproc_ms": logging_inproc_ms(on.log, batch, rep),
             "logging_e2e_ms": (on.wall_s - off.wall_s) * 1e3 / max(1, len(rows)),
             "wall_s_log": on.wall_s, "wall_s_no_log": off.wall_s,
             "codec_ms": codec, "serve_args": args, **no_overlap(a, args, reqs, f"null x{size}")}
+
+
+def client_case(a, tokens) -> dict:
+    """The null model with every request a stream of one AsyncClient, all in flight:
+    whether the client library reads the deltas as fast as the group makes them, and its
+    CPU per delta. Failed streams are a finding, not an error: the frontend drops a client
+    whose connection looks dead (its heartbeat)."""
+    n = a.client_streams
+    reqs = fixed_requests(n, NULL_PROMPT, a.steps, tokens)
+    args = null_args(a, n)
+    _say(f"== null model, {n} streams on one AsyncClient")
+    run = run_group(args, reqs, True, a.progress, f"AsyncClient x{n}", drive=streams,
+                    strict=False)
+    rows = rows_of(run.log)
+    batch = full_batch(rows)
+    fig = {**log_step_ms(rows, batch), **cpu_figures(run, rows, batch)}
+    c, errors = fig["cpu"], run.received.errors
+    return {"streams": n, "step_ms": fig["step_ms"], "batch": batch, "full_batch": batch == n,
+            "steady_steps": fig["steady_steps"], "cpu": c, "lag_s": fig["lag_s"],
+            "produced_deltas_per_s": per(c["deltas_produced"], c["window_s"]),
+            "received_deltas_per_s": per(c["deltas_received"], c["window_s"]),
+            "errors": len(errors), "first_error": errors[0] if errors else None,
+            "frontend_dropped_client": run.dropped, "wall_s": run.wall_s,
+            "serve_args": args}
 
 
 def no_overlap(a, args: list, reqs, label: str, time_worker: bool = False) -> dict:
@@ -259,57 +282,7 @@ def smol_case(a, tokens) -> dict:
             "token_mismatch_steps": rep.mismatches, "serve_args": args}
 
 
-# ---------------------------------------------------------------- report
-
-def _f(x) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
-
-
-def null_table(size: str, b: dict) -> str:
-    p, step = b["parts_ms"], b["step_ms"]
-    share = lambda x: f"{100 * x / step:.0f}%" if step and not math.isnan(x) else ""  # noqa: E731
-    rows = [("step (wall-time delta)", _f(step), "100%")]
-    for label, key in (("engine: schedule, batch, on_step, hash", "engine"),
-                       ("codec: ForwardBatch + StepResult", "codec_core_worker"),
-                       ("worker: null execute", "null_execute"),
-                       ("IPC transport (by subtraction)", "ipc_transport"),
-                       ("between steps: publish, inputs", "between_steps"),
-                       ("  of which StepEvents encode", "step_events_encode")):
-        rows.append((label, _f(p[key]), share(p[key])))
-    rows.append(("logging: writer work (in-process)", _f(b["logging_inproc_ms"]),
-                 share(b["logging_inproc_ms"])))
-    rows.append(("logging: log on - off (end to end)", _f(b["logging_e2e_ms"]),
-                 share(b["logging_e2e_ms"])))
-    if "step_ms_no_overlap" in b:
-        rows.append(("step with --no-overlap", _f(b["step_ms_no_overlap"]), ""))
-    title = f"null model, {b['batch']} running" + ("" if b["full_batch"] else f" (of {size})")
-    return bl.table(rows, (title, "ms/step", "share"))
-
-
-def smol_table(s: dict) -> str:
-    return bl.table([("group step (wall-time delta)", _f(s["step_ms"])),
-                     ("runner.execute alone (same batches)", _f(s["forward_ms"])),
-                     ("engine work (replayed)", _f(s["engine_ms"])),
-                     ("step / forward", _f(s["step_over_forward"])),
-                     ("worker's forward in the run (same steps)", _f(s["forward_in_run_ms"])),
-                     ("step / forward in the run", _f(s["step_over_forward_in_run"]))]
-                    + [(f"{label} with --no-overlap", _f(s[key])) for label, key in (
-                        ("step / forward", "step_over_forward_no_overlap"),
-                        ("step / forward in the run", "step_over_forward_in_run_no_overlap"))
-                       if key in s],
-                    (f"smol, {s['batch']} running", "ms"))
-
-
-def report(doc: dict) -> str:
-    parts = [f"  null x{k}: error {b['error']}" if "error" in b else null_table(k, b)
-             for k, b in doc["null"].items()]
-    s = doc.get("smol")
-    if s:
-        parts.append(f"  smol: error {s['error']}" if "error" in s else smol_table(s))
-    m = doc["machine"]
-    parts.append(f"  {m['cores']} cores, load {m['load_avg_1m']:.1f}, {m['date']}")
-    return "\n\n".join(parts)
-
+# ---------------------------------------------------------------- main
 
 def guarded(fn, *args) -> dict:
     try:
@@ -336,7 +309,8 @@ def main(argv=None) -> int:
     if a.json:
         models = [m for m, skip in (("null", a.skip_null), ("smol", a.skip_smol)) if not skip]
         bl.write_json(a.json, prov.stamp(doc, start, models))
-    failed = [v for v in [*doc["null"].values(), doc.get("smol") or {}] if "error" in v]
+    failed = [v for v in [*doc["null"].values(), doc.get("asyncclient") or {},
+                          doc.get("smol") or {}] if "error" in v]
     return 1 if failed else 0
 
 
@@ -351,6 +325,14 @@ def measure(a) -> dict:
             doc[f"step_ms_null_{size}"] = b.get("step_ms")
             if "step_ms_no_overlap" in b:
                 doc[f"step_ms_null_{size}_no_overlap"] = b["step_ms_no_overlap"]
+            doc[f"frontend_us_per_delta_null_{size}"] = (b.get("cpu") or {}).get(
+                "frontend_us_per_delta")
+        if a.client_streams:
+            doc["asyncclient"] = c = guarded(client_case, a, tokens)
+            n = a.client_streams
+            doc[f"client_us_per_delta_{n}"] = (c.get("cpu") or {}).get("client_us_per_delta")
+            doc[f"client_read_over_made_{n}"] = (c.get("cpu") or {}).get(
+                "received_over_produced")
     if not a.skip_smol:
         facts = bl.model_facts("smol")
         tokens = bl.safe_token_range(facts["vocab_size"], facts["eos_ids"])

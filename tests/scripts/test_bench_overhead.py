@@ -1,7 +1,8 @@
 """scripts/bench overhead's in-run forward time: the worker writes its time per batch to the
 file TL_WORKER_TIMES names (worker/process.py), the benchmark averages it over the steps it
 measures (scripts/benchmarks/overhead.py). Its sink reads the frontend's frames as plain
-msgpack maps. The null case runs end to end."""
+msgpack maps; its client mode reads them as AsyncClient streams (_overhead_drive.py). The
+null case runs end to end."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from core.ipc.protocol import (Delta, ErrorReply, Generate, Shutdown, StatsReply
 from scripts import ROOT
 from scripts.benchmarks import _worker_times as wt
 from scripts.benchmarks._overhead_log import worker_ms
-from scripts.benchmarks.overhead import sink
+from scripts.benchmarks._overhead_drive import Received, sink, streams
 from worker.handmade import Part, make_batch
 from worker.null import NullRunner
 from worker.process import TIMES_ENV, serve
@@ -97,8 +98,27 @@ def test_the_sink_counts_every_token_and_waits_for_every_finish(tmp_path):
                 Delta(g.request_id, "", [8], finish_reason="length")]
     t = fake_frontend(f"ipc://{tmp_path}/fe", 3, replies)
     reqs = [SimpleNamespace(prompt=[1, 2], max_tokens=n) for n in (1, 5, 30)]
-    wall, tokens = sink(f"ipc://{tmp_path}/fe", reqs, timeout=10)
+    got = Received()
+    wall, tokens = sink(f"ipc://{tmp_path}/fe", reqs, timeout=10, received=got)
     assert tokens == 36 and wall > 0
+    assert (got.deltas, got.tokens) == (6, 36) and got.last_t > 0
+    t.join(15)
+
+
+def test_streams_read_every_delta_on_one_asyncclient_and_count_the_failed(tmp_path):
+    """The client mode: each request a stream of one AsyncClient; a stream that fails is
+    counted, not raised (a dropped client is a finding of the run)."""
+    def replies(g: Generate):
+        if g.max_tokens == 13:
+            return [ErrorReply(g.request_id, 503, "lost")]
+        return [Delta(g.request_id, "", [7] * (g.max_tokens - 1)),
+                Delta(g.request_id, "", [8], finish_reason="length")]
+    t = fake_frontend(f"ipc://{tmp_path}/fe", 4, replies)
+    reqs = [SimpleNamespace(prompt=[1, 2], max_tokens=n) for n in (2, 5, 13, 30)]
+    got = Received()
+    wall, tokens = streams(f"ipc://{tmp_path}/fe", reqs, got, timeout=10)
+    assert tokens == 37 == got.tokens and got.deltas == 6 and wall > 0
+    assert got.errors == ["503 lost"] and got.last_t > 0
     t.join(15)
 
 
@@ -109,14 +129,16 @@ def test_the_sink_fails_on_an_error_reply(tmp_path):
     t.join(15)
 
 
-@pytest.mark.slow  # two groups: keeps the default suite under 5 minutes; CI runs it
+@pytest.mark.slow  # three groups: keeps the default suite under 5 minutes; CI runs it
 def test_the_null_case_runs_end_to_end_and_breaks_the_step_down(tmp_path):
     """`scripts/bench overhead` on 16 null-model sequences: two groups (log on, off), the
-    log read back, replayed in-process and timed. No timing is asserted, only that every
-    part of the breakdown is there and the steady steps were the full batch."""
+    log read back, replayed in-process and timed, each process's CPU sampled; then 16
+    streams on one AsyncClient. No timing is asserted, only that every part of the
+    breakdown is there and the steady steps were the full batch."""
     out = tmp_path / "overhead.json"
     cmd = [str(ROOT / "scripts" / "bench"), "overhead", "--sizes", "16", "--steps", "60",
-           "--skip-smol", "--no-progress", "--allow-dirty", "--json", str(out)]
+           "--client-streams", "16", "--skip-smol", "--no-progress", "--allow-dirty",
+           "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     case = json.loads(out.read_text())["null"]["16"]
@@ -125,3 +147,7 @@ def test_the_null_case_runs_end_to_end_and_breaks_the_step_down(tmp_path):
                                      "ipc_transport", "between_steps", "step_events_encode"}
     assert case["step_ms"] > 0 and case["parts_ms"]["engine"] > 0
     assert case["codec_ms"]["forward_batch_bytes"] > 0
+    for c in (case["cpu"], json.loads(out.read_text())["asyncclient"]["cpu"]):
+        assert c["steps"] > 0 and c["core_ms_per_step"] > 0 and c["deltas_produced"] > 0
+        assert set(c["busy"]) == {"frontend", "core", "worker", "client"}
+        assert c["run"]["deltas_received"] == 16 * 60   # every delta, one token each
