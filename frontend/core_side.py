@@ -22,6 +22,10 @@ from frontend.tokenizer import Tokenizer
 log = logging.getLogger("frontend")
 
 CORE_DIED = "the engine's core process died"
+# Deltas sent back to back: at ~10 us of work each, the first of a burst leaves ~0.3 ms later
+# than it would alone, and zmq's I/O thread wakes once for 32 instead of once for each
+# (its wake-ups cost as much CPU as the frontend's own work on a delta).
+DELTA_BURST = 32
 
 
 class CoreSide:
@@ -123,28 +127,37 @@ class CoreSide:
         return st if st is not None and st.replica == r.index else None
 
     def _on_events(self, r: Replica, ev: StepEvents) -> None:
-        for rev in group_events(ev):
-            st = self._mine(r, rev.fid)
-            if st is None:
-                continue  # finished or aborted here already
-            if rev.prompt:
-                st.prompt_scores(rev.prompt)
-                if not rev.tokens and rev.reason is None:
-                    continue   # a prompt chunk's scores: they go with the first delta
-            if st.skip:
-                rev = st.skip_rerun(rev)
-                if not rev.tokens and rev.reason is None:
-                    continue
-            if st.stopping and rev.reason is None:
-                continue  # tokens past a stop string, before the core took the stop
-            before = st.outstanding()
-            out = st.step(rev)
-            r.load = max(0, r.load - (before - st.outstanding()))
-            if out.done:
-                self._remove(st)
-            if out.stop_core is not None:
-                r.send(StopRequest(rev.fid, out.stop_core))
-            self._send_delta(st.ident, out.delta)
+        """Each request's delta of the step, encoded as it is made and sent DELTA_BURST at a
+        time (Router.send_encoded: one wake-up of zmq's I/O thread a burst, not a delta);
+        all of them before this returns, so nothing the loop sends next overtakes them."""
+        frames: list[tuple[bytes, bytes]] = []
+        try:
+            for rev in group_events(ev):
+                st = self._mine(r, rev.fid)
+                if st is None:
+                    continue  # finished or aborted here already
+                if rev.prompt:
+                    st.prompt_scores(rev.prompt)
+                    if not rev.tokens and rev.reason is None:
+                        continue   # a prompt chunk's scores: they go with the first delta
+                if st.skip:
+                    rev = st.skip_rerun(rev)
+                    if not rev.tokens and rev.reason is None:
+                        continue
+                if st.stopping and rev.reason is None:
+                    continue  # tokens past a stop string, before the core took the stop
+                before = st.outstanding()
+                out = st.step(rev)
+                r.load = max(0, r.load - (before - st.outstanding()))
+                if out.done:
+                    self._remove(st)
+                if out.stop_core is not None:
+                    r.send(StopRequest(rev.fid, out.stop_core))
+                frames.append((st.ident, self.router.encode(out.delta)))
+                if len(frames) >= DELTA_BURST:
+                    self._send_deltas(frames)
+        finally:   # a request that failed mid-message: the deltas made before it still go
+            self._send_deltas(frames)
 
     def _on_ready(self, r: Replica, msg: CoreReady) -> None:
         if msg.epoch != r.epoch:

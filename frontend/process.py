@@ -308,6 +308,14 @@ class Frontend(CoreSide, PromptSide):
         if not self.router.send(ident, delta):
             self._client_gone(ident)
 
+    def _send_deltas(self, frames: list[tuple[bytes, bytes]]) -> None:
+        """Send the encoded deltas and empty the list; a client whose send failed is gone
+        (its later deltas in the list were not sent either)."""
+        gone = self.router.send_encoded(frames)
+        frames.clear()
+        for ident in gone:
+            self._client_gone(ident)
+
     def _heartbeat(self) -> None:
         for ident in self.inflight.clients():
             if not self.router.send(ident, Pong()):

@@ -29,10 +29,14 @@ class StopMatcher:
         self._cut: int | None = 0 if "" in stops else None
         self._cut_len = 0             # the length of the stop string starting at _cut
         self.matched = False
+        # no stop strings: nothing is ever held back or cut (the common case, per delta)
+        self._none = not self._automata and self._cut is None
 
     def feed(self, text: str, final: bool = False) -> str:
         """The part of held + `text` that is certainly output. `final`: the output ends
         here, so nothing is held back any more."""
+        if self._none:
+            return text
         if self.matched:
             return ""
         self._advance(text)

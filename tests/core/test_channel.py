@@ -1,10 +1,12 @@
-"""core/ipc/channel.py alone: which endpoints count as local, and the hard frame cap."""
+"""core/ipc/channel.py alone: which endpoints count as local, the hard frame cap, and a
+Router's sends to peers gone."""
 from __future__ import annotations
 
 import pytest
+import zmq
 
-from core.ipc.channel import hard_frame_cap, is_loopback
-from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES
+from core.ipc.channel import Router, hard_frame_cap, is_loopback
+from core.ipc.protocol import DEFAULT_MAX_FRAME_BYTES, Delta, Ping, decode
 
 
 @pytest.mark.parametrize("address", [
@@ -29,3 +31,24 @@ def test_everything_else_is_remote(address):
 def test_hard_cap_reads_realistic_oversize_frames():
     assert hard_frame_cap(DEFAULT_MAX_FRAME_BYTES) >= 256 << 20
     assert hard_frame_cap(16 << 20) == 64 * (16 << 20)
+
+
+def test_a_burst_reaches_a_peer_in_order_and_names_each_peer_gone_once(tmp_path):
+    ctx = zmq.Context()
+    router = Router(ctx, f"ipc://{tmp_path}/r", accept=(Ping,))
+    peer = ctx.socket(zmq.DEALER)
+    peer.setsockopt(zmq.ROUTING_ID, b"peer")
+    peer.connect(f"ipc://{tmp_path}/r")
+    try:
+        peer.send(router.encode(Ping()))
+        assert router.poll(5000) and router.recv()[0] == b"peer"   # now the router knows it
+        deltas = [Delta("r", str(k), [k]) for k in range(5)]
+        frames = [(ident, router.encode(d)) for d in deltas for ident in (b"peer", b"gone")]
+        assert router.send_encoded(frames) == [b"gone"]
+        got = [decode(peer.recv()) for _ in deltas if peer.poll(5000)]
+        assert got == deltas
+        assert router.send(b"peer", Ping()) and not router.send(b"gone", Ping())
+    finally:
+        peer.close(0)
+        router.close()
+        ctx.term()

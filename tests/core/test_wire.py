@@ -5,7 +5,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from core.ipc.protocol import Delta, Generate, ProtocolError, decode, encode
+from core.ipc.protocol import (I32, AddRequest, Delta, Generate, ProtocolError, SamplingParams,
+                               StepEvents, decode, encode)
+from core.ipc.wire import Encoder
 
 
 def frame(tag: str, **fields) -> bytes:
@@ -25,6 +27,26 @@ def test_messages_round_trip():
     assert decode(encode(d)) == d
     g = Generate("g", [1, 2, 3], max_tokens=4, stop=["a", "b"], stop_token_ids=[7])
     assert decode(encode(g)) == g
+
+
+def test_packed_arrays_and_nested_parts_round_trip_and_a_kept_encoder_packs_alike():
+    """encode() packs an array as its bytes and a nested dataclass as a map (msgpack's
+    hook); an Encoder keeps one Packer, which a message it refused leaves clean."""
+    msgs = [StepEvents(I32([1, 2]), I32([7, 8]), [[1, "stop", {"e2e_ms": 2.5}]]),
+            AddRequest(3, "r", I32([5, 6, 7]), 4, 0, SamplingParams(temperature=0.5, seed=9),
+                       False, "u", None, None),
+            Delta("r", "t", [1], None, [2, 3], metrics={"ttft_ms": 1.0})]
+    enc = Encoder()
+    for m in msgs:
+        assert decode(encode(m)) == m and enc(m) == encode(m)
+    for bad in (Delta("r", "t", [1, {2}]), Delta("r", "t", [object()])):
+        with pytest.raises(TypeError):
+            enc(bad)
+        with pytest.raises(TypeError):
+            encode(bad)
+        assert [enc(m) for m in msgs] == [encode(m) for m in msgs]
+    raw = msgpack.unpackb(encode(msgs[1]))
+    assert raw["prompt"] == I32([5, 6, 7]).tobytes() and raw["sampling"]["seed"] == 9
 
 
 def test_a_list_of_ints_refuses_bools_floats_and_lists_naming_the_item():

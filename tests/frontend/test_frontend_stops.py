@@ -177,3 +177,16 @@ def test_many_long_stops_cost_per_character_not_per_stop_length():
     # cost proportional to stops x their length would be ~16 x 256 = 4096 lines a character
     assert long < 32 * 16, long
     assert long < 1.5 * short, (long, short)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=texts, cuts=st.lists(st.integers(0, 60), max_size=12))
+def test_without_stops_every_piece_is_released_as_it_comes(text, cuts):
+    m = StopMatcher([])
+    assert [m.feed(c) for c in chunks_of(text, cuts)] == chunks_of(text, cuts)
+    assert m.feed("", final=True) == "" and not m.matched
+
+
+def test_an_empty_stop_matches_before_any_text():
+    m = StopMatcher(["", "x"])
+    assert m.feed("abc") == "" and m.matched
