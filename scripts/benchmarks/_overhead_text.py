@@ -30,21 +30,22 @@ def null_table(size: str, b: dict) -> str:
         rows.append(("step with --no-overlap", _f(b["step_ms_no_overlap"]), ""))
     title = f"null model, {b['batch']} running" + ("" if b["full_batch"] else f" (of {size})")
     return "\n\n".join([bl.table(rows, (title, "ms/step", "share")),
-                        cpu_table(b["cpu"], b.get("lag_s"), "client: the raw sink")])
+                        cpu_table(b, "client: the raw sink")])
 
 
-def cpu_table(c: dict, lag_s: float | None, client: str) -> str:
+def cpu_table(case: dict, client: str) -> str:
     """Each process's CPU over the steady steps, and whether the client kept up."""
-    busy = c["busy"]
+    c = case["cpu"]
+    busy, run = c["busy"], c["run"]
     rows = [(name, _f(c[f"{key}_ms_per_step"]), _f(c.get(f"{key}_us_per_delta"), ".1f"),
              _f(busy[key], ".2f"))
             for name, key in (("core", "core"), ("worker", "worker"),
                               ("frontend", "frontend"), (client, "client"))]
     text = bl.table(rows, ("CPU over the steady steps", "ms/step", "us/delta",
                            "busy (cores)"))
-    run = c["run"]
     return (f"{text}\n  deltas read / made in the window: {_f(c['received_over_produced'])};"
-            f" the last delta {_f(lag_s, '.2f')} s after the last step\n  over the whole run"
+            f" the last delta {_f(case['lag_s'], '.2f')} s after the last step; a token at"
+            f" the client every {_f(case['token_ms_at_client'])} ms\n  over the whole run"
             f" (first request to last delta), us/delta: frontend"
             f" {_f(run['frontend_us_per_delta'], '.1f')}, client"
             f" {_f(run['client_us_per_delta'], '.1f')}")
@@ -58,7 +59,7 @@ def client_table(c: dict) -> str:
     title = f"AsyncClient, {c['streams']} streams, {c['batch']} running"
     tail = f"\n  first failure: {c['first_error']}" if c.get("first_error") else ""
     return "\n\n".join([bl.table(rows, (title, "")) + tail,
-                        cpu_table(c["cpu"], c["lag_s"], "client: AsyncClient")])
+                        cpu_table(c, "client: AsyncClient")])
 
 
 def smol_table(s: dict) -> str:

@@ -177,7 +177,7 @@ def overhead_split(doc: dict) -> str:
              (doc.get("null") or {}).items()]
     c = doc.get("asyncclient") or {}
     cases.append((f"null model, {c.get('streams')} streams on one AsyncClient", c))
-    rows = [(label, num(f.get("step_ms"), ".2f"),
+    rows = [(label, num(f.get("step_ms"), ".2f"), num(f.get("token_ms_at_client"), ".2f"),
              *(num(get(f, "cpu", k), ".2f") for k in ("core_ms_per_step", "worker_ms_per_step")),
              *(num(get(f, "cpu", k), ".1f") for k in ("frontend_us_per_delta",
                                                       "client_us_per_delta")),
@@ -190,13 +190,15 @@ def overhead_split(doc: dict) -> str:
     failed = (f" On the AsyncClient, {c.get('errors')} streams failed"
               f"{' (the frontend dropped it)' if c.get('frontend_dropped_client') else ''}."
               if "cpu" in c else "")
-    return ("\n\n" + markdown(("case", "ms a step", "core CPU ms/step", "worker CPU ms/step",
+    return ("\n\n" + markdown(("case", "ms a step", "ms a token at the client",
+                                "core CPU ms/step", "worker CPU ms/step",
                                 "frontend CPU us/delta", "client CPU us/delta",
                                 "busy: core / worker / frontend / client",
                                 "deltas read / made"), rows)
             + "\n\nCPU time (utime + stime, every thread) over the steady steps; busy: the"
             " share of one core each process used then; deltas read / made: below 1, the"
-            " frontend or the client fell behind the core." + failed)
+            " frontend or the client fell behind the core; a token at the client: the run's"
+            " wall time over each request's tokens." + failed)
 
 
 PREFIX_WORKLOADS = {"shared_t0": "shared, t=0", "shared_steady": "shared, Poisson",

@@ -21,7 +21,8 @@
    20 times a second) over the steady steps (`cpu`): the core's and the worker's per
    step, the frontend's per delta it sent, the client's per delta it read, and each one's
    share of a core (`busy`): on this machine's 2 cores, a process near 1.0 is what bounds
-   the step. `lag_s`: how long after the last step the last delta was read.
+   the step. `lag_s`: how long after the last step the last delta was read;
+   `token_ms_at_client`: the run's wall time over the tokens of a request.
 2. smol at 64 sequences: the group's step time against the worker's pure forward time on
    the same ForwardBatches, rebuilt from the step log and re-run offline on a ModelRunner
    (runner.execute alone): `step_over_forward_64`. This machine's speed drifts by 10-20%
@@ -165,11 +166,15 @@ def null_args(a, size: int) -> list[str]:
             + ([] if a.overlap else ["--no-overlap"]))
 
 
-def cpu_figures(run: GroupRun, rows: list, batch: int) -> dict:
-    """Each process's CPU over the steady steps, and how long after the last step the
-    client read its last delta (the frontend's backlog, or the client's)."""
+def cpu_figures(run: GroupRun, rows: list, batch: int, steps: int) -> dict:
+    """Each process's CPU over the steady steps, how long after the last step the client
+    read its last delta (the frontend's backlog, or the client's), and the run's wall time
+    (first request sent to last delta read) over the tokens of each request: a token's
+    time as the client sees it, which a frontend behind the core's steps makes longer than
+    the step (nothing holds the core back for it)."""
     return {"cpu": split(run.samples, steady_window(rows, batch)),
-            "lag_s": run.received.last_t - rows[-1].wall_time}
+            "lag_s": run.received.last_t - rows[-1].wall_time,
+            "token_ms_at_client": run.wall_s * 1e3 / steps}
 
 
 # ---------------------------------------------------------------- 1. null model
@@ -200,7 +205,7 @@ def null_case(a, size: int, tokens) -> dict:
                          "ipc_transport": fig["duration_ms"] - engine - wire - null_ms,
                          "between_steps": fig["step_ms"] - fig["duration_ms"],
                          "step_events_encode": codec["step_events_encode"]},
-            **cpu_figures(on, rows, batch),
+            **cpu_figures(on, rows, batch, a.steps),
             "logging_inproc_ms": logging_inproc_ms(on.log, batch, rep),
             "logging_e2e_ms": (on.wall_s - off.wall_s) * 1e3 / max(1, len(rows)),
             "wall_s_log": on.wall_s, "wall_s_no_log": off.wall_s,
@@ -220,10 +225,11 @@ def client_case(a, tokens) -> dict:
                     strict=False)
     rows = rows_of(run.log)
     batch = full_batch(rows)
-    fig = {**log_step_ms(rows, batch), **cpu_figures(run, rows, batch)}
+    fig = {**log_step_ms(rows, batch), **cpu_figures(run, rows, batch, a.steps)}
     c, errors = fig["cpu"], run.received.errors
     return {"streams": n, "step_ms": fig["step_ms"], "batch": batch, "full_batch": batch == n,
             "steady_steps": fig["steady_steps"], "cpu": c, "lag_s": fig["lag_s"],
+            "token_ms_at_client": fig["token_ms_at_client"],
             "produced_deltas_per_s": per(c["deltas_produced"], c["window_s"]),
             "received_deltas_per_s": per(c["deltas_received"], c["window_s"]),
             "errors": len(errors), "first_error": errors[0] if errors else None,

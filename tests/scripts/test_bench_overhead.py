@@ -147,7 +147,9 @@ def test_the_null_case_runs_end_to_end_and_breaks_the_step_down(tmp_path):
                                      "ipc_transport", "between_steps", "step_events_encode"}
     assert case["step_ms"] > 0 and case["parts_ms"]["engine"] > 0
     assert case["codec_ms"]["forward_batch_bytes"] > 0
-    for c in (case["cpu"], json.loads(out.read_text())["asyncclient"]["cpu"]):
+    for each in (case, json.loads(out.read_text())["asyncclient"]):
+        c = each["cpu"]
+        assert each["token_ms_at_client"] > 0 and each["lag_s"] is not None
         assert c["steps"] > 0 and c["core_ms_per_step"] > 0 and c["deltas_produced"] > 0
         assert set(c["busy"]) == {"frontend", "core", "worker", "client"}
         assert c["run"]["deltas_received"] == 16 * 60   # every delta, one token each

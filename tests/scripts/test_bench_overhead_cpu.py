@@ -106,13 +106,14 @@ def test_the_readme_shows_the_split_only_where_the_json_has_it():
            "frontend_us_per_delta": 21.5, "client_us_per_delta": 2.0,
            "received_over_produced": 0.98,
            "busy": {"core": 0.7, "worker": 0.1, "frontend": 1.0, "client": 0.1}}
-    doc = {"null_steps": 800, "null": {"256": {"step_ms": 3.9, "cpu": cpu}},
+    doc = {"null_steps": 800, "null": {"256": {"step_ms": 3.9, "token_ms_at_client": 4.5,
+                                                "cpu": cpu}},
            "asyncclient": {"streams": 1000, "step_ms": 9.0, "cpu": cpu, "errors": 3,
                            "frontend_dropped_client": True}}
     text = rt.table(doc)
-    assert ("| null model, 256 running (sink) | 3.90 | 1.50 | 0.25 | 21.5 | 2.0 |"
+    assert ("| null model, 256 running (sink) | 3.90 | 4.50 | 1.50 | 0.25 | 21.5 | 2.0 |"
             " 0.70 / 0.10 / 1.00 / 0.10 | 0.98 |") in text
-    assert "1000 streams on one AsyncClient | 9.00 |" in text
+    assert "1000 streams on one AsyncClient | 9.00 | - |" in text
     assert "3 streams failed (the frontend dropped it)" in text
     older = {"null_steps": 800, "null": {"256": {"step_ms": 3.9}}}
     assert "CPU" not in rt.table(older) and "AsyncClient" not in rt.table(older)
