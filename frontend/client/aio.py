@@ -20,6 +20,10 @@ from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientErro
 from frontend.client.keys import curve_options
 
 
+# replies read in one go before the reader lets the streams run (_read_loop)
+READ_BURST = 64
+
+
 class AsyncClient(RequestStream):
     def __init__(self, address: str, timeout: float = 60, *, server_key=None,
                  client_key=None):
@@ -31,6 +35,7 @@ class AsyncClient(RequestStream):
         self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS,
                                                  options)
         self._monitor_now = zmq.Socket.shadow(self._monitor.underlying)  # polls without a loop
+        self._sock_now = zmq.Socket.shadow(self._sock.underlying)   # reads without a loop
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats_waiters: deque[asyncio.Future] = deque()
         self._reader: asyncio.Task | None = None
@@ -186,8 +191,20 @@ class AsyncClient(RequestStream):
                 fut.set_result(err)
 
     async def _read_loop(self) -> None:
+        """Awaiting a reply that has arrived does not yield, so while replies keep coming
+        a reader that only awaited would never let the streams read their queues (1,000
+        streams read nothing until the frontend went quiet): what has arrived is read
+        without waiting, READ_BURST at most, then the loop runs the streams."""
+        now = self._sock_now
         while True:
             self._dispatch(decode_reply(await self._sock.recv_multipart()))
+            for _ in range(READ_BURST - 1):
+                try:
+                    frames = now.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._dispatch(decode_reply(frames))
+            await asyncio.sleep(0)
 
     def _dispatch(self, reply) -> None:
         if isinstance(reply, (Delta, ErrorReply)) and reply.request_id in self._queues:

@@ -122,3 +122,42 @@ def answer_one(router: Router) -> None:
     except AssertionError:
         return   # the client's wait fails the test
     router.send(ident, Delta(msg.request_id, "ok", [5], finish_reason="length"))
+
+
+def test_a_flood_of_replies_leaves_the_streams_time_to_read():
+    """5,000 deltas that have all arrived: the reader hands over at most a burst of them
+    before the stream reads its first (it used to read every one first: awaiting a reply
+    that has arrived never yields, and 1,000 streams starved while the frontend sent)."""
+    from frontend.client.aio import READ_BURST
+    fe = Frontends()
+
+    def flood():
+        ident, g = next_generate(fe.old)
+        for i in range(5000):
+            fe.old.send(ident, Delta(g.request_id, "x", [i]))
+        fe.old.send(ident, Delta(g.request_id, "", [], finish_reason="length"))
+
+    async def main():
+        async with AsyncClient(fe.address, timeout=30) as c:
+            t = threading.Thread(target=flood)
+            t.start()
+            stream = c.stream("hi", max_tokens=5000, request_id="flood")
+
+            async def block_the_loop():   # while the thread's replies all arrive
+                await asyncio.sleep(0.2)
+                time.sleep(1.0)
+
+            blocker = asyncio.create_task(block_the_loop())
+            first = await stream.__anext__()
+            waiting = c._queues["flood"].qsize()
+            n = 1 + sum([1 async for _ in stream])
+            await blocker
+            t.join()
+            return first, waiting, n
+
+    try:
+        first, waiting, n = asyncio.run(main())
+    finally:
+        fe.close()
+    assert first.token_ids == [0] and n == 5001
+    assert waiting < READ_BURST, waiting
