@@ -105,13 +105,21 @@ def _quality_rows(doc: dict) -> list[tuple]:
 def _overhead_rows(doc: dict) -> list[tuple]:
     null = doc.get("null") or {}
     both = lambda key, fmt: " / ".join(rt.num(f.get(key), fmt) for f in null.values())  # noqa: E731
-    rows = [(f"ms a step, null model, {' / '.join(null)} running: overlapped / plain",
-             both("step_ms", ".2f"), both("step_ms_no_overlap", ".2f"), "")] if null else []
+    sizes = " / ".join(null)
+    plain = both("step_ms_no_overlap", ".2f")
+    rows = [(f"ms a step, null model, {sizes} running" + (": overlapped / plain" if "-" not in plain
+             else ""), both("step_ms", ".2f"), "" if "-" in plain else plain, "")] if null else []
+    fe = [doc.get(f"frontend_us_per_delta_null_{n}") for n in null]
+    if any(v is not None for v in fe):
+        rows.append((f"frontend CPU us a delta, null model, {sizes} running",
+                     " / ".join(rt.num(v, ".1f") for v in fe), "", ""))
     s = doc.get("smol") or {}
     if s:
-        rows.append(("smol step / its forward in the run: overlapped / plain",
+        off = s.get("step_over_forward_in_run_no_overlap")
+        rows.append(("smol step / its forward in the run" + (": overlapped / plain" if off
+                                                               else ", 64 running"),
                      rt.num(s.get("step_over_forward_in_run"), ".3f"),
-                     rt.num(s.get("step_over_forward_in_run_no_overlap"), ".3f"), ""))
+                     "" if off is None else rt.num(off, ".3f"), ""))
     return rows
 
 
