@@ -16,7 +16,7 @@ from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsRe
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
                                     Result, as_error, close_dealer, decode_reply,
                                     duplicate_error, ends, generate_of, open_dealer, settle,
-                                    take_disconnects, timeout_error)
+                                    take_disconnects, timeout_error, unreachable_error)
 from frontend.client.keys import curve_options
 
 
@@ -142,7 +142,11 @@ class AsyncClient(RequestStream):
         if self._closed:
             raise ClientError(503, "the client is closed")
         self._ensure_reader()
-        await self._sock.send(encode(msg))
+        try:   # zmq waits for a connection to queue on; a refused CURVE handshake leaves none
+            async with asyncio.timeout(self.timeout):
+                await self._sock.send(encode(msg))
+        except TimeoutError:
+            raise unreachable_error(self.timeout) from None
 
     def _ensure_reader(self) -> None:
         if self._reader is None:

@@ -16,7 +16,7 @@ from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsRe
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
                                     Result, as_error, close_dealer, decode_reply,
                                     duplicate_error, ends, generate_of, open_dealer, settle,
-                                    take_disconnects, timeout_error)
+                                    take_disconnects, timeout_error, unreachable_error)
 from frontend.client.keys import curve_options
 
 
@@ -30,6 +30,8 @@ class Client(RequestStream):
         self._ctx = zmq.Context()
         self._sock, self._monitor = open_dealer(self._ctx, address, CLOSE_LINGER_MS,
                                                  options)
+        # a send with no connection to queue on (a refused CURVE handshake) would wait forever
+        self._sock.setsockopt(zmq.SNDTIMEO, max(1, round(timeout * 1000)))
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -163,4 +165,7 @@ class Client(RequestStream):
     def _send(self, msg) -> None:
         if self._closed:
             raise ClientError(503, "the client is closed")
-        self._sock.send(encode(msg))
+        try:
+            self._sock.send(encode(msg))
+        except zmq.Again:
+            raise unreachable_error(self.timeout) from None

@@ -204,5 +204,11 @@ def timeout_error(timeout: float) -> ClientError:
     return ClientError(503, f"no reply from the engine within {timeout:g} s")
 
 
+def unreachable_error(timeout: float) -> ClientError:
+    """A request zmq could not queue within the timeout: no connection to the frontend
+    (a CURVE handshake it refused leaves none)."""
+    return ClientError(503, f"cannot reach the engine within {timeout:g} s (no connection)")
+
+
 def duplicate_error(request_id: str) -> ClientError:
     return ClientError(400, f"request_id {request_id!r} is already in flight on this client")

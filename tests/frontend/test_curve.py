@@ -261,3 +261,40 @@ def test_without_curve_stats_is_for_this_machine_only(tmp_path):
         with Client(f"tcp://127.0.0.1:{port}", timeout=10) as local:
             assert local.stats()["total_blocks"] == 128
         assert eng.fe.proc.poll() is None
+
+
+def test_a_refused_client_keeps_getting_503_and_never_hangs(curved):
+    """A refused handshake leaves the client no connection: zmq would wait forever to
+    queue the next request on one (a CI run hung there); the send times out as a 503."""
+    eng, keys = curved
+    other_public, other_secret = zmq.curve_keypair()
+    with Client(eng.address, timeout=1.5, server_key=str(keys / "server.key"),
+                client_key=(other_public, other_secret)) as c:
+        for i in range(4):
+            t0 = time.monotonic()
+            with pytest.raises(ClientError) as e:
+                c.generate("hello", max_tokens=4, request_id=f"again{i}")
+            assert e.value.code == 503 and time.monotonic() - t0 < 1.5 * 5
+            time.sleep(0.3)
+
+
+def test_a_refused_async_client_never_hangs_either(curved):
+    import asyncio
+
+    from frontend.client import AsyncClient
+    eng, keys = curved
+    other = zmq.curve_keypair()
+
+    async def main():
+        codes = []
+        async with AsyncClient(eng.address, timeout=1.5, client_key=other,
+                               server_key=str(keys / "server.key")) as c:
+            for i in range(3):
+                try:
+                    await c.generate("hello", max_tokens=4, request_id=f"a{i}")
+                except ClientError as e:
+                    codes.append(e.code)
+                await asyncio.sleep(0.3)
+        return codes
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [503, 503, 503]
