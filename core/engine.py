@@ -62,16 +62,13 @@ def _fill_drafts(drafts: dict, flat: list[int]) -> None:
     """The worker's draft-model drafts (StepResult.drafts) in place of the PENDING ones,
     in decode order: the order of the batch's draft_seqs. None PENDING: replay has filled
     them from the log (Engine.fill_drafts) and checked the worker's against them."""
-    if not any(d and d[0] == PENDING for d in drafts.values()):
-        return
+    pending = [i for i, d in drafts.items() if d and d[0] == PENDING]
+    wanted = sum(len(drafts[i]) for i in pending)
+    if pending and wanted != len(flat):
+        raise ValueError(f"worker returned {len(flat)} drafts for {wanted} placeholders")
     o = 0
-    for seq_id, d in drafts.items():
-        if d and d[0] == PENDING:
-            drafts[seq_id] = flat[o:o + len(d)]
-            o += len(d)
-    if o != len(flat) or any(len(d) and d[-1] == PENDING for d in drafts.values()):
-        raise ValueError(f"worker returned {len(flat)} drafts for "
-                         f"{sum(len(d) for d in drafts.values())} placeholders")
+    for i in pending:
+        drafts[i], o = flat[o:o + len(drafts[i])], o + len(drafts[i])
 
 
 def schedule_json(out: ScheduleOutput, hits=(), accepted=()) -> dict:
