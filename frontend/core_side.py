@@ -14,6 +14,7 @@ import zmq
 
 from core.ipc.protocol import (Beat, CoreReady, CoreStats, Hello, JoinRefused, Rejected,
                                StepEvents, StopRequest)
+from frontend.delta_frames import DeltaFrames
 from frontend.events import group_events
 from frontend.replicas import LocalReplica, Replica, same_model
 from frontend.request import RequestState
@@ -22,10 +23,6 @@ from frontend.tokenizer import Tokenizer
 log = logging.getLogger("frontend")
 
 CORE_DIED = "the engine's core process died"
-# Deltas sent back to back: at ~10 us of work each, the first of a burst leaves ~0.3 ms later
-# than it would alone, and zmq's I/O thread wakes once for 32 instead of once for each
-# (its wake-ups cost as much CPU as the frontend's own work on a delta).
-DELTA_BURST = 32
 
 
 class CoreSide:
@@ -127,10 +124,10 @@ class CoreSide:
         return st if st is not None and st.replica == r.index else None
 
     def _on_events(self, r: Replica, ev: StepEvents) -> None:
-        """Each request's delta of the step, encoded as it is made and sent DELTA_BURST at a
-        time (Router.send_encoded: one wake-up of zmq's I/O thread a burst, not a delta);
-        all of them before this returns, so nothing the loop sends next overtakes them."""
-        frames: list[tuple[bytes, bytes]] = []
+        """Each request's delta of the step, in one Deltas frame per client (frontend/
+        delta_frames.py), sent back to back (one wake-up of zmq's I/O thread for them all)
+        before this returns, so nothing the loop sends next overtakes them."""
+        frames = DeltaFrames(self.router.encode)
         try:
             for rev in group_events(ev):
                 st = self._mine(r, rev.fid)
@@ -153,11 +150,9 @@ class CoreSide:
                     self._remove(st)
                 if out.stop_core is not None:
                     r.send(StopRequest(rev.fid, out.stop_core))
-                frames.append((st.ident, self.router.encode(out.delta)))
-                if len(frames) >= DELTA_BURST:
-                    self._send_deltas(frames)
+                frames.add(st.ident, out.delta)
         finally:   # a request that failed mid-message: the deltas made before it still go
-            self._send_deltas(frames)
+            self._send_deltas(frames.take())
 
     def _on_ready(self, r: Replica, msg: CoreReady) -> None:
         if msg.epoch != r.epoch:

@@ -21,7 +21,7 @@ import zmq
 
 from core.ipc.channel import Router, RouterError
 from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest,
-                               AddRequest, Delta, Drain, ErrorReply, Generate, Hello, I32,
+                               AddRequest, Delta, Deltas, Drain, ErrorReply, Generate, Hello, I32,
                                ModelInfo, Ping, Pong, ProtocolError, Stats)
 from core.ipc.wire import peek_request_id
 from frontend.cache_salt import salt_digest
@@ -305,15 +305,13 @@ class Frontend(CoreSide, PromptSide):
         self.router.send(ident, ErrorReply(request_id, code, message, param))
 
     def _send_delta(self, ident: bytes, delta: Delta) -> None:
-        if not self.router.send(ident, delta):
+        """One delta, alone in its frame."""
+        if not self.router.send(ident, Deltas.of([delta])):
             self._client_gone(ident)
 
     def _send_deltas(self, frames: list[tuple[bytes, bytes]]) -> None:
-        """Send the encoded deltas and empty the list; a client whose send failed is gone
-        (its later deltas in the list were not sent either)."""
-        gone = self.router.send_encoded(frames)
-        frames.clear()
-        for ident in gone:
+        """Send the encoded frames; a client whose send failed is gone."""
+        for ident in self.router.send_encoded(frames):
             self._client_gone(ident)
 
     def _heartbeat(self) -> None:
@@ -334,7 +332,7 @@ class Frontend(CoreSide, PromptSide):
         self._remove(st)
         self._replica_of(st).send(AbortRequest(st.fid))
         if tell_client:
-            self.router.send(st.ident, st.end("abort"))
+            self.router.send(st.ident, Deltas.of([st.end("abort")]))
 
     def _remove(self, st: RequestState) -> None:
         self.inflight.remove(st)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from core.ipc.protocol import Delta, Generate
+from core.ipc.protocol import Delta, Deltas, Generate
 from frontend.core_side import CORE_DIED
 from frontend.structured import check_constraint
 from frontend.tokenizing import Job
@@ -46,4 +46,4 @@ class PromptSide:
     def _abort_pending(self, jobs: list[Job | None]) -> None:
         """Each cancelled job's final reply, as an aborted request's (no tokens yet)."""
         for job in filter(None, jobs):
-            self.router.send(job.ident, Delta(job.msg.request_id, "", [], "abort"))
+            self.router.send(job.ident, Deltas.of([Delta(job.msg.request_id, "", [], "abort")]))

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Sequence
 
-from core.ipc.protocol import Generate, ModelInfo
+from core.ipc.protocol import WIRE, Generate, ModelInfo
 from frontend.limits import (INT32_MAX, MAX_CACHE_SALT_CHARS, MAX_KEY_HASH_CHARS,
                              MAX_LOGPROBS, MAX_PENALTY, MAX_PRIORITY, MAX_REPETITION_PENALTY,
                              MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS,
@@ -33,6 +33,10 @@ class InvalidField(ValueError):
 def check_params(msg: Generate, info: ModelInfo | None = None) -> None:
     """Everything but the prompt's tokens; raises InvalidField. Without `info` the
     model's bounds (max_model_len, vocab_size) give way to the wire types' bounds."""
+    if msg.wire != WIRE:
+        raise InvalidField(f"this engine speaks wire {WIRE} (one Deltas frame per client per "
+                           f"step) and the client wire {msg.wire}: use the client of the "
+                           "engine's version", "wire")
     if not msg.request_id:
         raise InvalidField("request_id must not be empty", "request_id")
     if len(msg.request_id) > MAX_REQUEST_ID_CHARS:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Iterator
 import zmq
 
 from core.ipc.channel import Channel
-from core.ipc.protocol import (I32, AbortRequest, AddRequest, CoreReady, CoreStats, Drain,
+from core.ipc.protocol import (I32, AbortRequest, AddRequest, CoreReady, CoreStats, Deltas, Drain,
                            Hello, ModelInfo, Pong, Rejected, StatsQuery, StepEvents, StopRequest,
                            decode, encode)
 from worker.preset_tokenizer import EOS as EOS_TEXT
@@ -250,6 +251,7 @@ class RawClient:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
+        self._pending: deque = deque()   # the rest of a Deltas frame's deltas
 
     def send(self, *frames: bytes) -> None:
         self.sock.send_multipart(list(frames))
@@ -258,15 +260,16 @@ class RawClient:
         self.send(encode(msg))
 
     def recv(self, timeout: float = 5.0, skip=(Pong,)):
-        """The next reply that is not a heartbeat; None after `timeout`."""
+        """The next reply that is not a heartbeat, a Deltas frame's one Delta at a time;
+        None after `timeout`."""
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
+        while not self._pending and (left := deadline - time.monotonic()) > 0:
             if not self.sock.poll(int(left * 1000) + 1):
                 break
             msg = decode(self.sock.recv(), max_bytes=1 << 30)
-            if not isinstance(msg, skip):
-                return msg
-        return None
+            msgs = msg.unpack() if isinstance(msg, Deltas) else [msg]
+            self._pending.extend(m for m in msgs if not isinstance(m, skip))
+        return self._pending.popleft() if self._pending else None
 
     def close(self) -> None:
         self.sock.close(0)

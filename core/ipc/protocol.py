@@ -90,6 +90,13 @@ class ModelInfo:
 
 # ---------------------------------------------------------------- client <-> frontend
 
+# The client <-> frontend wire's version. 1: a Delta frame per request per step (before
+# Generate had `wire`); 2: a Deltas frame per client per step. A Generate of another
+# version is a 400 naming `wire`, so a client of the old wire hears why rather than
+# dropping frames it cannot read until its timeout.
+WIRE = 2
+
+
 @message("generate")
 class Generate:
     request_id: str
@@ -126,6 +133,7 @@ class Generate:
     cache_salt: str | None = None
     # False: never verified with drafts (docs/DESIGN.md, "Speculative decoding")
     speculative: bool = True
+    wire: int = 1                 # the client's wire version (WIRE); absent: 1
 
 
 @message("abort")
@@ -156,6 +164,51 @@ class Delta:
     # first delta, when asked: None for position 0, then per prompt position p
     # [logprob, rank, [[token id, logprob], ...]] (docs/DESIGN.md, "Prompt logprobs")
     prompt_logprobs: list[Any] | None = None
+
+
+@message("deltas")
+class Deltas:
+    """Wire 2: one client's deltas of one step, each request at most once. A delta of
+    text and tokens alone travels in the columns (counts[i] tokens of `tokens` are
+    request_ids[i]'s); any other (a first or last delta, logprobs) in `full` as it is."""
+    request_ids: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    counts: I32 = field(default_factory=I32)
+    tokens: I32 = field(default_factory=I32)
+    full: list[Delta] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, deltas: list[Delta]) -> "Deltas":
+        frame = cls()
+        for d in deltas:
+            frame.add(d)
+        return frame
+
+    def add(self, d: Delta) -> None:
+        if (d.finish_reason is None and d.prompt_token_ids is None and d.logprobs is None
+                and d.metrics is None and d.prompt_logprobs is None):
+            self.request_ids.append(d.request_id)
+            self.texts.append(d.text)
+            self.counts.append(len(d.token_ids))
+            self.tokens.extend(d.token_ids)
+        else:
+            self.full.append(d)
+
+    def __len__(self) -> int:
+        return len(self.request_ids) + len(self.full)
+
+    def unpack(self) -> list[Delta]:
+        """The deltas, one per request; ProtocolError(400) if the columns disagree."""
+        n = len(self.request_ids)
+        if len(self.texts) != n or len(self.counts) != n or sum(self.counts) != len(self.tokens):
+            raise ProtocolError(400, "deltas: columns of different lengths")
+        if any(c < 0 for c in self.counts):
+            raise ProtocolError(400, "deltas: a negative token count")
+        out, toks, at = [], self.tokens.tolist(), 0
+        for rid, text, c in zip(self.request_ids, self.texts, self.counts):
+            out.append(Delta(rid, text, toks[at:at + c]))
+            at += c
+        return out + self.full
 
 
 @message("error")

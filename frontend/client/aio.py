@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
-                                    Result, as_error, close_dealer, decode_reply,
+                                    Result, as_error, close_dealer, decode_replies,
                                     duplicate_error, ends, generate_of, open_dealer, settle,
                                     take_disconnects, timeout_error, unreachable_error)
 from frontend.client.keys import curve_options
@@ -183,7 +183,7 @@ class AsyncClient(RequestStream):
                 frames = self._sock.recv_multipart(zmq.NOBLOCK).result()
             except zmq.Again:
                 break
-            self._dispatch(decode_reply(frames))
+            self._take(frames)
         self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
 
     def _fail_all(self, err: ErrorReply) -> None:
@@ -201,14 +201,18 @@ class AsyncClient(RequestStream):
         without waiting, READ_BURST at most, then the loop runs the streams."""
         now = self._sock_now
         while True:
-            self._dispatch(decode_reply(await self._sock.recv_multipart()))
+            self._take(await self._sock.recv_multipart())
             for _ in range(READ_BURST - 1):
                 try:
                     frames = now.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self._dispatch(decode_reply(frames))
+                self._take(frames)
             await asyncio.sleep(0)
+
+    def _take(self, frames: list[bytes]) -> None:
+        for reply in decode_replies(frames):
+            self._dispatch(reply)
 
     def _dispatch(self, reply) -> None:
         if isinstance(reply, (Delta, ErrorReply)) and reply.request_id in self._queues:

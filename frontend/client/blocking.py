@@ -14,7 +14,7 @@ import zmq
 
 from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
-                                    Result, as_error, close_dealer, decode_reply,
+                                    Result, as_error, close_dealer, decode_replies,
                                     duplicate_error, ends, generate_of, open_dealer, settle,
                                     take_disconnects, timeout_error, unreachable_error)
 from frontend.client.keys import curve_options
@@ -140,7 +140,8 @@ class Client(RequestStream):
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._dispatch(decode_reply(frames))
+            for reply in decode_replies(frames):
+                self._dispatch(reply)
 
     def _lost(self) -> None:
         """The replies that arrived before a disconnect first: a final reply the frontend

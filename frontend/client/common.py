@@ -8,10 +8,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
-from core.ipc.protocol import (Delta, ErrorReply, Generate, Pong, ProtocolError, StatsReply,
-                           decode)
+from core.ipc.protocol import (WIRE, Delta, Deltas, ErrorReply, Generate, Pong, ProtocolError,
+                               StatsReply, decode)
 
-REPLY_TYPES = (Delta, ErrorReply, StatsReply, Pong)
+REPLY_TYPES = (Deltas, ErrorReply, StatsReply, Pong)
 CLOSE_LINGER_MS = 250  # a last Abort still leaves when the client closes right after it
 # Replies come from the engine we asked; their size is bounded by the prompt we sent.
 MAX_REPLY_BYTES = 1 << 30
@@ -103,7 +103,7 @@ def make_generate(prompt, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0, se
                     min_tokens, stop_token_ids, include_stop_str_in_output,
                     skip_special_tokens, add_special_tokens, user, max_tokens_must_fit,
                     prompt_logprobs, response_format, structured_outputs, key_hash,
-                    cache_salt, speculative)
+                    cache_salt, speculative, wire=WIRE)
 
 
 def generate_of(call: dict) -> Generate:
@@ -174,14 +174,16 @@ def close_dealer(sock, monitor) -> None:
     sock.close()
 
 
-def decode_reply(frames: list[bytes]):
-    """The reply in `frames`, or None for a frame this client cannot read (dropped)."""
+def decode_replies(frames: list[bytes]) -> list:
+    """The replies in `frames`, a Deltas frame's one Delta per request; none for a frame
+    this client cannot read (dropped)."""
     if len(frames) != 1:
-        return None
+        return []
     try:
-        return decode(frames[0], REPLY_TYPES, MAX_REPLY_BYTES)
+        reply = decode(frames[0], REPLY_TYPES, MAX_REPLY_BYTES)
+        return reply.unpack() if isinstance(reply, Deltas) else [reply]
     except ProtocolError:
-        return None
+        return []
 
 
 def ends(item) -> bool:

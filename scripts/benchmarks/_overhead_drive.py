@@ -28,7 +28,7 @@ def sink(address: str, reqs, timeout: float = 300, bar=None,
     import msgpack
     import zmq
 
-    from core.ipc.protocol import Delta, ErrorReply, Generate, encode
+    from core.ipc.protocol import WIRE, Deltas, ErrorReply, Generate, encode
     got = received if received is not None else Received()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -39,7 +39,8 @@ def sink(address: str, reqs, timeout: float = 300, bar=None,
         t0 = time.perf_counter()
         for i, r in enumerate(reqs):
             sock.send(encode(Generate(request_id=f"o{i}", prompt=r.prompt,
-                                      max_tokens=r.max_tokens, ignore_eos=True)))
+                                      max_tokens=r.max_tokens, ignore_eos=True,
+                                      wire=WIRE)))
         left, tokens = len(reqs), 0
         unpack, recv, again = msgpack.unpackb, sock.recv, zmq.Again
         while left:
@@ -53,13 +54,15 @@ def sink(address: str, reqs, timeout: float = 300, bar=None,
                 if msg["t"] == ErrorReply.TAG:
                     raise RuntimeError(f"request {msg['request_id']}: {msg['code']}"
                                        f" {msg['message']}")
-                if msg["t"] == Delta.TAG:
-                    got.deltas += 1
-                    tokens += len(msg["token_ids"])
-                    if msg["finish_reason"] is not None:
-                        left -= 1
-                        if bar is not None:
-                            bar.tick()
+                if msg["t"] == Deltas.TAG:   # the columns' deltas, then the full ones
+                    got.deltas += len(msg["request_ids"]) + len(msg["full"])
+                    tokens += len(msg["tokens"]) // 4
+                    for d in msg["full"]:
+                        tokens += len(d["token_ids"])
+                        if d["finish_reason"] is not None:
+                            left -= 1
+                            if bar is not None:
+                                bar.tick()
         got.tokens, got.last_t = tokens, time.time()
         return time.perf_counter() - t0, tokens
     finally:

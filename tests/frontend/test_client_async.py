@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from core.ipc.protocol import Delta, ErrorReply
+from core.ipc.protocol import Delta, Deltas, ErrorReply
 from frontend.client import AsyncClient, ClientError
 from tests.fake_core import running_engine
 
@@ -140,7 +140,7 @@ def test_a_final_reply_sent_just_before_the_frontend_dies_is_the_answer(tmp_path
                     if router.poll(10):
                         ident, _ = router.recv()
                     await asyncio.sleep(0)   # the client's task sends meanwhile
-                router.send(ident, Delta("last", "done", [7], finish_reason="length"))
+                router.send(ident, Deltas.of([Delta("last", "done", [7], finish_reason="length")]))
                 router.sock.close(linger=1000)
                 result = await task
                 assert result.finish_reason == "length" and result.text == "done"

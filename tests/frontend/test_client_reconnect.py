@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from core.ipc.channel import Router
-from core.ipc.protocol import Abort, Delta, Generate
+from core.ipc.protocol import Abort, Delta, Deltas, Generate
 from frontend.client import AsyncClient, Client, ClientError
 from frontend.client.common import LOST_CONNECTION, make_generate
 
@@ -80,7 +80,7 @@ def test_async_client_fails_only_what_was_sent_before_the_disconnect():
             await asyncio.sleep(0)
             ident, msg = await asyncio.to_thread(next_generate, new)
             assert msg.request_id == "after"
-            new.send(ident, Delta("after", "ok", [5], finish_reason="length"))
+            new.send(ident, Deltas.of([Delta("after", "ok", [5], finish_reason="length")]))
             result = await after
             assert result.text == "ok" and result.finish_reason == "length"
             with pytest.raises(ClientError) as e:
@@ -121,7 +121,7 @@ def answer_one(router: Router) -> None:
         ident, msg = next_generate(router)
     except AssertionError:
         return   # the client's wait fails the test
-    router.send(ident, Delta(msg.request_id, "ok", [5], finish_reason="length"))
+    router.send(ident, Deltas.of([Delta(msg.request_id, "ok", [5], finish_reason="length")]))
 
 
 def test_a_flood_of_replies_leaves_the_streams_time_to_read():
@@ -134,8 +134,8 @@ def test_a_flood_of_replies_leaves_the_streams_time_to_read():
     def flood():
         ident, g = next_generate(fe.old)
         for i in range(5000):
-            fe.old.send(ident, Delta(g.request_id, "x", [i]))
-        fe.old.send(ident, Delta(g.request_id, "", [], finish_reason="length"))
+            fe.old.send(ident, Deltas.of([Delta(g.request_id, "x", [i])]))
+        fe.old.send(ident, Deltas.of([Delta(g.request_id, "", [], finish_reason="length")]))
 
     async def main():
         async with AsyncClient(fe.address, timeout=30) as c:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from core.ipc.protocol import Delta, Drain, Generate, Hello
+from core.ipc.protocol import Delta, Drain, Generate, Hello, WIRE
 from frontend.client import Client, ClientError
 from tests.fake_core import REPO, FakeCore, FrontendProc, RawClient, make_byte_tokenizer, model_info
 
@@ -72,7 +72,7 @@ def test_not_ready_then_ready_then_drain(tmp_path, held_core):
 
         stream = streamer.stream("slow drain", max_tokens=100)
         first = next(stream)
-        straggler.send_msg(Generate("never", "hang forever"))
+        straggler.send_msg(Generate("never", "hang forever", wire=WIRE))
         fid = core.add_of("never").fid
         fe.signal()
         assert core.wait_for(lambda m: isinstance(m, Drain)) is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from core.ipc.protocol import F64, I32, Generate, ModelInfo, ProtocolError, StepEvents
+from core.ipc.protocol import F64, I32, WIRE, Generate, ModelInfo, ProtocolError, StepEvents
 from frontend.events import RequestEvents, group_events
 from frontend.request import METRIC_KEYS, RequestState
 from core.ipc.wire import peek_request_id
@@ -15,7 +15,7 @@ INFO = ModelInfo("m", 8, 16, max_model_len=10, vocab_size=300, eos_ids=[256])
 
 
 def gen(**kw) -> Generate:
-    return Generate(**{"request_id": "r", "prompt": "hi", **kw})
+    return Generate(**{"request_id": "r", "prompt": "hi", "wire": WIRE, **kw})
 
 
 @pytest.mark.parametrize("kw", [
@@ -27,7 +27,7 @@ def gen(**kw) -> Generate:
     dict(max_tokens=2 ** 63), dict(max_tokens=-2 ** 63), dict(temperature=1e-7),
     dict(temperature=1e4 + 1), dict(temperature=float("-inf")), dict(top_p=float("nan")),
     dict(priority=2 ** 63), dict(request_id="r" * 257), dict(stop=["s"] * 17),
-    dict(stop=["s" * 257]),
+    dict(stop=["s" * 257]), dict(wire=1), dict(wire=3),
 ])
 def test_check_params_refuses(kw):
     with pytest.raises(InvalidField) as e:

@@ -11,7 +11,7 @@ import gc
 import msgpack
 import pytest
 
-from core.ipc.protocol import (Abort, AddRequest, CoreStats, Delta, ErrorReply, Generate, I32,
+from core.ipc.protocol import (Abort, AddRequest, CoreStats, Delta, ErrorReply, Generate, I32, WIRE,
                            Ping, Pong, Rejected, StepEvents, encode)
 from frontend.client import Client, ClientError
 from worker.preset_tokenizer import NUM_FIXED
@@ -126,7 +126,7 @@ def test_abandoned_stream_sends_abort(engine, client):
 
 def test_client_that_disappears_is_aborted(engine):
     r = RawClient(engine.address)
-    r.send_msg(Generate("gone-1", "hang on"))
+    r.send_msg(Generate("gone-1", "hang on", wire=WIRE))
     fid = engine.fid("gone-1")
     r.close()
     assert engine.core.abort_of(fid, timeout=5) is not None
@@ -200,7 +200,7 @@ def test_garbage_frames_are_answered_and_the_next_request_served(raw):
         raw.send(*frames)
     replies = [raw.recv() for _ in junk]
     assert all(isinstance(r, ErrorReply) and r.code == 400 for r in replies), replies
-    raw.send_msg(Generate("after-junk", "fine", max_tokens=20))
+    raw.send_msg(Generate("after-junk", "fine", max_tokens=20, wire=WIRE))
     deltas = []
     while not deltas or deltas[-1].finish_reason is None:
         deltas.append(raw.recv())
@@ -208,8 +208,8 @@ def test_garbage_frames_are_answered_and_the_next_request_served(raw):
 
 
 def test_duplicate_request_id_is_400(engine, raw, client):
-    raw.send_msg(Generate("dup", "hang here"))
-    raw.send_msg(Generate("dup", "hang here"))
+    raw.send_msg(Generate("dup", "hang here", wire=WIRE))
+    raw.send_msg(Generate("dup", "hang here", wire=WIRE))
     reply = raw.recv()
     assert isinstance(reply, ErrorReply) and (reply.request_id, reply.code) == ("dup", 400)
     raw.send_msg(Abort("dup"))
@@ -255,3 +255,20 @@ def test_skip_special_tokens_is_per_request(client):
     assert client.generate(ids, max_tokens=10).text == "hi"
     assert client.generate(ids, max_tokens=10, skip_special_tokens=False).text == "h<|im_start|>i"
 
+
+
+def test_a_client_of_the_old_wire_gets_a_400_naming_wire(raw):
+    """A Generate without `wire` (what clients sent before Deltas frames) is wire 1: the
+    client hears why at once instead of dropping frames it cannot read."""
+    raw.send(msgpack.packb({"t": "generate", "request_id": "old-1", "prompt": "hi"}))
+    raw.send_msg(Generate("old-2", "hi", wire=WIRE + 1))
+    for rid in ("old-1", "old-2"):
+        reply = raw.recv()
+        assert isinstance(reply, ErrorReply), reply
+        assert (reply.request_id, reply.code, reply.param) == (rid, 400, "wire")
+        assert f"wire {WIRE}" in reply.message
+    raw.send_msg(Generate("new-1", "hi", max_tokens=2, wire=WIRE))   # still serving
+    reply = raw.recv()
+    while isinstance(reply, Delta) and reply.finish_reason is None:
+        reply = raw.recv()
+    assert isinstance(reply, Delta) and reply.finish_reason == "length", reply

@@ -25,8 +25,9 @@ GROUP_ARGS = ["--num-blocks", "64", "--max-seqs", "16"]
 
 def valid_frames() -> list[bytes]:
     return [P.encode(m) for m in (
-        P.Generate(request_id="f", prompt="hello", max_tokens=3, stop=["x"]),
-        P.Generate(request_id="g", prompt=[1, 2, 3], max_tokens=2, temperature=0.5, seed=3),
+        P.Generate(request_id="f", prompt="hello", max_tokens=3, stop=["x"], wire=P.WIRE),
+        P.Generate(request_id="g", prompt=[1, 2, 3], max_tokens=2, temperature=0.5, seed=3,
+                   wire=P.WIRE),
         P.Abort(request_id="f"), P.Stats(), P.Ping(),
         P.AddRequest(fid=1, request_id="x", prompt=P.I32([1, 2]), max_tokens=2,
                      priority=0, sampling=P.SamplingParams()),
@@ -163,7 +164,7 @@ def test_vanishing_clients_and_abort_storms_leave_nothing_stuck(group):
             socks[-1].connect(group.address)
         for i, s in enumerate(socks):
             s.send(P.encode(P.Generate(request_id=f"v{i}", prompt=[1, 2, 3, i],
-                                       max_tokens=900, ignore_eos=True)))
+                                       max_tokens=900, ignore_eos=True, wire=P.WIRE)))
         with Client(group.address, timeout=60) as c:   # the core holds all 12 when they vanish
             wait_until(lambda: (now := c.stats())["running"] + now["waiting"] >= 12,
                        timeout=25, what="the 12 requests in the core")

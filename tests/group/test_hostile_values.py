@@ -25,6 +25,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.ipc.protocol import WIRE
 from frontend.client import Client
 from tests.frontend.test_http import start_gateway, stop_gateway
 
@@ -110,23 +111,33 @@ def exchange(group, frame: bytes, request_id) -> list[dict]:
             if not s.poll(500):
                 assert group.alive(), f"the group died: {group.tail()}"
                 continue
-            reply = msgpack.unpackb(s.recv(), raw=False)
-            if reply["t"] == "pong":
-                continue
-            replies.append(reply)
-            if reply["t"] == "error" or reply.get("finish_reason") is not None:
-                return replies
-            if len(replies) == 1:
-                s.send(msgpack.packb({"t": "abort", "request_id": request_id}))
+            for reply in as_replies(msgpack.unpackb(s.recv(), raw=False)):
+                replies.append(reply)
+                if reply["t"] == "error" or reply.get("finish_reason") is not None:
+                    return replies
+                if len(replies) == 1:
+                    s.send(msgpack.packb({"t": "abort", "request_id": request_id}))
         raise AssertionError(f"no end of request within {REPLY_TIMEOUT_S} s: {replies}")
     finally:
         s.close(0)
         ctx.term()
 
 
+def as_replies(frame: dict) -> list[dict]:
+    """A frame's replies as maps: a Deltas frame's one per delta ("t": "delta"), none for
+    a heartbeat."""
+    if frame["t"] == "pong":
+        return []
+    if frame["t"] != "deltas":
+        return [frame]
+    plain = [{"t": "delta", "request_id": rid, "finish_reason": None}
+             for rid in frame["request_ids"]]
+    return plain + [{"t": "delta", **d} for d in frame["full"]]
+
+
 def generate_through_zmq(group, fields: dict) -> None:
     msg = {"t": "generate", "request_id": f"z{next(_ids)}", "prompt": "hi", "max_tokens": 2,
-           **fields}
+           "wire": WIRE, **fields}
     replies = exchange(group, msgpack.packb(msg), msg["request_id"])
     end = replies[-1]
     if end["t"] == "error":

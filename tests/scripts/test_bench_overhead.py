@@ -14,8 +14,8 @@ import pytest
 import zmq
 
 from core.ipc.channel import Channel, Router
-from core.ipc.protocol import (Delta, ErrorReply, Generate, Shutdown, StatsReply, StepResult,
-                               WorkerReady)
+from core.ipc.protocol import (Delta, Deltas, ErrorReply, Generate, Shutdown, StatsReply,
+                               StepResult, WorkerReady)
 from scripts import ROOT
 from scripts.benchmarks import _worker_times as wt
 from scripts.benchmarks._overhead_log import worker_ms
@@ -94,8 +94,8 @@ def fake_frontend(address: str, n: int, replies) -> threading.Thread:
 
 def test_the_sink_counts_every_token_and_waits_for_every_finish(tmp_path):
     def replies(g: Generate):
-        return [Delta(g.request_id, "", [7] * (g.max_tokens - 1)), StatsReply({}),
-                Delta(g.request_id, "", [8], finish_reason="length")]
+        return [Deltas.of([Delta(g.request_id, "", [7] * (g.max_tokens - 1))]), StatsReply({}),
+                Deltas.of([Delta(g.request_id, "", [8], finish_reason="length")])]
     t = fake_frontend(f"ipc://{tmp_path}/fe", 3, replies)
     reqs = [SimpleNamespace(prompt=[1, 2], max_tokens=n) for n in (1, 5, 30)]
     got = Received()
@@ -111,8 +111,8 @@ def test_streams_read_every_delta_on_one_asyncclient_and_count_the_failed(tmp_pa
     def replies(g: Generate):
         if g.max_tokens == 13:
             return [ErrorReply(g.request_id, 503, "lost")]
-        return [Delta(g.request_id, "", [7] * (g.max_tokens - 1)),
-                Delta(g.request_id, "", [8], finish_reason="length")]
+        return [Deltas.of([Delta(g.request_id, "", [7] * (g.max_tokens - 1))]),
+                Deltas.of([Delta(g.request_id, "", [8], finish_reason="length")])]
     t = fake_frontend(f"ipc://{tmp_path}/fe", 4, replies)
     reqs = [SimpleNamespace(prompt=[1, 2], max_tokens=n) for n in (2, 5, 13, 30)]
     got = Received()
