@@ -290,7 +290,8 @@ class Frontend(CoreSide, PromptSide):
                             self.tokenizer.decoder(msg.skip_special_tokens),
                             list(msg.stop or ()), stop_ids, msg.include_stop_str_in_output,
                             msg.min_tokens, msg.max_tokens,
-                            prompt_logprobs=msg.prompt_logprobs is not None)
+                            prompt_logprobs=msg.prompt_logprobs is not None,
+                            detok=self.tokenizer.detokenizer(msg.skip_special_tokens, ids))
 
     def _on_stats(self, ident: bytes) -> None:
         if not self.operator.allows(self.router.last_frame):

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from core.ipc.protocol import AddRequest, Delta
-from frontend.detok import Decode, Detokenizer
+from frontend.detok import Decode, Detokenizer, StreamDetokenizer
 from frontend.events import RequestEvents
 from frontend.stops import StopMatcher
 
@@ -41,9 +41,11 @@ class RequestState:
     replica: int = 0              # the engine replica running it
     add: AddRequest | None = None  # as sent to the core; re-sent if its replica dies
     prompt_logprobs: bool = False  # it asked for them: they go with the first delta
+    # its incremental decoder (Tokenizer.detokenizer); None: a Detokenizer over `decode`
+    detok: Detokenizer | StreamDetokenizer | None = None
 
     def __post_init__(self):
-        self._detok = Detokenizer(self.decode, self.prompt_ids)
+        self._detok = self.detok or Detokenizer(self.decode, self.prompt_ids)
         self._stops = StopMatcher(self.stop, self.include_stop)
         self._first = True
         self._generated = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from frontend.detok import Detokenizer, StreamDetokenizer
 from frontend.token_bound import TokenBound
 
 
@@ -16,6 +17,8 @@ class Tokenizer:
     def __init__(self, hf):
         self._hf = hf
         self._rust = _rust_decode(hf)
+        # its own streaming decoder where decode is the library's alone (frontend/detok.py)
+        self._stream_tok = None if self._rust is None else hf._tokenizer
         self.bound = TokenBound.of(hf)   # the fewest tokens a text can be (token_bound.py)
 
     @staticmethod
@@ -45,6 +48,12 @@ class Tokenizer:
     def decoder(self, skip_special_tokens: bool):
         """decode with the flag bound, for one request's detokenizer."""
         return self.decode if skip_special_tokens else self._decode_all
+
+    def detokenizer(self, skip_special_tokens: bool, prompt_ids: Sequence[int]):
+        """A request's incremental decoder (frontend/detok.py): push ids, get text."""
+        if self._stream_tok is not None:
+            return StreamDetokenizer(self._stream_tok, skip_special_tokens, prompt_ids)
+        return Detokenizer(self.decoder(skip_special_tokens), prompt_ids)
 
     def _decode_all(self, ids: Sequence[int]) -> str:
         return self.decode(ids, skip_special_tokens=False)

@@ -111,3 +111,59 @@ def test_a_tokenizer_that_cleans_up_spaces_keeps_transformers_decode():
     tok = Tokenizer.load(str(preset_dir("tiny")))
     tok._hf.clean_up_tokenization_spaces = True
     assert Tokenizer(tok._hf)._rust is None
+
+
+def test_the_streaming_decoder_gives_the_windows_pieces():
+    """StreamDetokenizer (the `tokenizers` library's DecodeStream) against Detokenizer over
+    the same tokenizer's decode: the same text at every step and at the flush, for random
+    ids (special ones included, both flag values) and for texts with multi-byte characters
+    split across steps."""
+    import random
+
+    from frontend.detok import StreamDetokenizer
+    from frontend.tokenizer import Tokenizer
+    from worker.presets import preset_dir
+    rng = random.Random(1)
+    texts = ["naïve café € 日本語 🙂 x", "   spaced\n\nlines\ttabs", "ĀāĂă 👩‍👩‍👧 Ω≈ç√"]
+    for name in ("tiny", "smol"):
+        tok = Tokenizer.load(str(preset_dir(name)))
+        assert isinstance(tok.detokenizer(True, []), StreamDetokenizer)
+        size = len(tok._hf)
+        outs = [tok.encode(t, add_special_tokens=False) for t in texts]
+        outs += [[rng.randrange(size) for _ in range(rng.randrange(1, 30))] for _ in range(150)]
+        for out in outs:
+            prompt = [rng.randrange(size) for _ in range(rng.randrange(8))]
+            chunks = split(out, [rng.randrange(100) for _ in range(rng.randrange(8))])
+            for skip in (True, False):
+                window = Detokenizer(tok.decoder(skip), prompt)
+                stream = tok.detokenizer(skip, prompt)
+                assert [stream.push(c) for c in chunks] == [window.push(c) for c in chunks]
+                assert stream.flush() == window.flush()
+
+
+def llama_like_tokenizer():
+    """A SentencePiece-style `tokenizers.Tokenizer` (Llama's decoder: "▁" is a space, byte
+    fallback, the leading space stripped): its text depends on the ids before."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models
+    pieces = ["<unk>", "<s>", "</s>", "▁the", "▁cat", "s", "▁", "<0xE2>", "<0x82>", "<0xAC>", "a"]
+    tok = RawTokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, "<unk>"))
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return tok, len(pieces)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=st.lists(st.integers(0, 10), max_size=8), out=st.lists(st.integers(0, 10), max_size=14),
+       cuts=st.lists(st.integers(0, 100), max_size=8), skip=st.booleans())
+def test_the_streaming_decoder_keeps_context_like_the_window(prompt, out, cuts, skip):
+    """Held-back ids at the end (an incomplete character after a "▁") flush with the ids
+    before them, as the window does: decoded alone they would lose the space."""
+    from frontend.detok import StreamDetokenizer
+    tok, _ = llama_like_tokenizer()
+    window = Detokenizer(lambda ids: tok.decode(list(ids), skip_special_tokens=skip), prompt)
+    stream = StreamDetokenizer(tok, skip, prompt)
+    chunks = split(out, cuts)
+    assert [stream.push(c) for c in chunks] == [window.push(c) for c in chunks]
+    assert stream.flush() == window.flush()
