@@ -149,3 +149,31 @@ def test_a_final_reply_sent_just_before_the_frontend_dies_is_the_answer(tmp_path
 
     for _ in range(5):
         run(main())
+
+
+def test_a_wait_times_out_once_and_a_reply_at_the_deadline_leaves_no_stale_timeout():
+    """Waits are timed by the client's one clock task: a stream with no reply gets its 503
+    between the timeout and a quarter of it later; a reply queued before the clock's turn
+    at the deadline is the answer, and the next wait is timed afresh (no marker left)."""
+    async def main():
+        c = AsyncClient("tcp://127.0.0.1:9", timeout=0.4)
+        try:
+            c._ensure_reader()
+            queue = asyncio.Queue()
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(ClientError) as e:
+                await c._next(queue)
+            waited = asyncio.get_running_loop().time() - t0
+            assert e.value.code == 503 and 0.4 <= waited < 0.4 + 0.1 + 0.3, waited
+            assert queue.empty() and not c._waiting
+            task = asyncio.create_task(c._next(queue))
+            await asyncio.sleep(0)
+            queue.put_nowait("reply")   # the reply, then the clock's turn, past the deadline
+            c._wake_late(float("inf"))
+            assert await task == "reply" and queue.empty()
+            queue.put_nowait("next")
+            assert await c._next(queue) == "next"
+        finally:
+            await c.close()
+
+    run(main())
