@@ -78,8 +78,8 @@ def kind(doc: dict) -> str | None:
                       ("curve", "curve_cost_us_per_request")):
         if key in doc:
             return name
-    if doc.get("benchmark") == "speculative":
-        return "speculative"
+    if doc.get("benchmark") in ("speculative", "overhead-compare"):
+        return doc["benchmark"]
     if "shared_t0" in (doc.get("on") or {}):
         return "prefix"
     if "settings" in doc and "ratios" in doc:
@@ -339,7 +339,19 @@ def _structured_compile(doc: dict) -> str:
             f"{num(c.get('tokenizer_setup_ms'), ',.0f')} ms, once per worker.")
 
 
-TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
+def overhead_compare(doc: dict) -> str:
+    """Two commits' `scripts/bench overhead` runs, turns alternating, and new over old."""
+    runs = doc.get("runs") or []
+    head = "| figure | " + " | ".join(f"{r['turn']} ({r['commit'][:7]})" for r in runs)
+    lines = [head + " | new / old |", "|---" * (len(runs) + 2) + "|"]
+    for key, ratio in (doc.get("new_over_old") or {}).items():
+        cells = " | ".join(num(r.get(key), ".3f") for r in runs)
+        lines.append(f"| {key} | {cells} | {num(ratio, '.3f')} |")
+    loads = ", ".join(f"{r['turn']} {num(r.get('load_before'), '.2f')}" for r in runs)
+    return "\n".join(lines) + f"\n\n{doc.get('what', '')}. Load before each turn: {loads}."
+
+
+TABLES = {"compare-llamacpp": compare_llamacpp, "overhead-compare": overhead_compare, "compare": compare, "quality": quality,
           "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
           "whatif": whatif, "structured": structured, "curve": curve,
           "speculative": speculative}
