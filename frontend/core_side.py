@@ -7,6 +7,7 @@ is mixed into Frontend (frontend/process.py) and works on that state: `replicas`
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -173,5 +174,9 @@ class CoreSide:
             log.error("cannot load the tokenizer %r: %s", msg.info.tokenizer, e)
             self._exit_code = 1
             return
+        # What exists now lives as long as the process (transformers, the tokenizer: ~3e5
+        # objects): out of the collector's sight, its full passes no longer walk them all.
+        # At 1,024 running, those passes were half the frontend's work on a delta.
+        gc.freeze()
         print(f"READY {self.router.address}", flush=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -138,6 +139,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
         await runner.setup()
         try:
             await web.SockSite(runner, sock).start()
+            gc.freeze()   # as the frontend does once ready (frontend/core_side.py _on_ready)
             print(f"READY {url_of(sock)}", flush=True)
             stopped, trim = asyncio.ensure_future(stop.wait()), HeapTrim()
             while not stopped.done():
