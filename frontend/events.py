@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from core.ipc.protocol import ProtocolError, StepEvents
 from core.sched_types import FINISH_REASONS
@@ -14,11 +15,13 @@ class RequestEvents:
     when it finished, the reason and the core's figures."""
     fid: int
     tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list] = field(default_factory=list)
+    # empty tuples unless filled (a list then): most steps' events have neither, and three
+    # lists made for each request each step were a third of grouping them
+    logprobs: Sequence[float] = ()
+    top: Sequence[list] = ()
     reason: str | None = None
     figures: dict | None = None
-    prompt: list = field(default_factory=list)   # [[first position, entries], ...]
+    prompt: Sequence[list] = ()   # [[first position, entries], ...]
 
 
 def group_events(ev: StepEvents) -> list[RequestEvents]:
@@ -30,21 +33,44 @@ def group_events(ev: StepEvents) -> list[RequestEvents]:
     if len(ev.logprobs) not in (0, n) or len(ev.top_logprobs) not in (0, n):
         raise ProtocolError(400, f"events: logprobs for {len(ev.logprobs)} of {n} tokens")
     out: dict[int, RequestEvents] = {}
-    for i, (fid, tok) in enumerate(zip(ev.fids, ev.tokens)):
-        r = out.get(fid) or out.setdefault(fid, RequestEvents(fid))
-        r.tokens.append(tok)
-        if len(ev.logprobs) and ev.logprobs[i] == ev.logprobs[i]:   # NaN: not asked
-            r.logprobs.append(ev.logprobs[i])
-            r.top.append(ev.top_logprobs[i] or [])
+    if len(ev.logprobs):
+        _with_logprobs(out, ev)
+    else:
+        get = out.get
+        for fid, tok in zip(ev.fids, ev.tokens):
+            r = get(fid)
+            if r is None:
+                out[fid] = RequestEvents(fid, [tok])
+            else:
+                r.tokens.append(tok)
     for item in ev.prompt_logprobs:
         fid, first, entries = _prompt(item)
-        r = out.get(fid) or out.setdefault(fid, RequestEvents(fid))
-        r.prompt.append([first, entries])
+        r = _of(out, fid)
+        r.prompt = [*r.prompt, [first, entries]]
     for item in ev.finished:
         fid, reason, figures = _finished(item)
-        r = out.get(fid) or out.setdefault(fid, RequestEvents(fid))
+        r = _of(out, fid)
         r.reason, r.figures = reason, figures
     return list(out.values())
+
+
+def _of(out: dict[int, RequestEvents], fid: int) -> RequestEvents:
+    r = out.get(fid)
+    if r is None:
+        r = out[fid] = RequestEvents(fid)
+    return r
+
+
+def _with_logprobs(out: dict[int, RequestEvents], ev: StepEvents) -> None:
+    tops = ev.top_logprobs if len(ev.top_logprobs) else [None] * len(ev.tokens)
+    for fid, tok, lp, top in zip(ev.fids, ev.tokens, ev.logprobs, tops):
+        r = _of(out, fid)
+        r.tokens.append(tok)
+        if lp == lp:   # NaN: not asked
+            if isinstance(r.logprobs, tuple):
+                r.logprobs, r.top = [], []
+            r.logprobs.append(lp)
+            r.top.append(top or [])
 
 
 def _prompt(item) -> tuple[int, int, list]:

@@ -101,7 +101,7 @@ def test_group_events_keeps_logprobs_of_the_rows_that_asked():
                     [[[7, -0.5], [2, -1.5]], None])
     a, b = group_events(ev)
     assert (a.logprobs, a.top) == ([-0.5], [[[7, -0.5], [2, -1.5]]])
-    assert (b.logprobs, b.top) == ([], [])
+    assert (list(b.logprobs), list(b.top)) == ([], [])
 
 
 def state(**kw) -> RequestState:
