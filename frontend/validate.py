@@ -86,7 +86,7 @@ def _processors(req, vocab_size: int | None) -> None:
         _int_in("stop_token_ids", t, 0, (vocab_size or INT32_MAX + 1) - 1)
     if req.user is not None and len(req.user) > MAX_USER_CHARS:
         raise InvalidField(f"user must be at most {MAX_USER_CHARS} characters", "user")
-    key_hash = getattr(req, "key_hash", None)
+    key_hash = req.key_hash
     if key_hash is not None and not _KEY_HASH.fullmatch(key_hash):
         raise InvalidField(f"key_hash must be 1 to {MAX_KEY_HASH_CHARS} lower-case hex digits",
                            "key_hash")
