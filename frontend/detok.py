@@ -89,17 +89,18 @@ class StreamDetokenizer:
     def push(self, new_ids: Sequence[int]) -> str:
         if not new_ids:
             return ""
-        text = self._stream.step(self._tok, list(new_ids))
+        ids = list(new_ids)
+        text = self._stream.step(self._tok, ids)
         if text is None:
-            self._held.extend(new_ids)
+            self._held += ids
             return ""
-        self._last, self._held = self._held + list(new_ids), []
+        # the common step holds nothing back: its own list, no copy
+        self._last, self._held = (self._held + ids if self._held else ids), []
         return text
 
     def flush(self) -> str:
         if not self._held:
             return ""
-        before = self._decode(self._last)
-        text = self._decode(self._last + self._held)
-        self._last, self._held = self._last + self._held, []
-        return text[len(before):]
+        before, ids = self._decode(self._last), self._last + self._held
+        self._last, self._held = ids, []
+        return self._decode(ids)[len(before):]

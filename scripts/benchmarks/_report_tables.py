@@ -351,7 +351,7 @@ def overhead_compare(doc: dict) -> str:
     return "\n".join(lines) + f"\n\n{doc.get('what', '')}. Load before each turn: {loads}."
 
 
-TABLES = {"compare-llamacpp": compare_llamacpp, "overhead-compare": overhead_compare, "compare": compare, "quality": quality,
-          "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
+TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
+          "overhead-compare": overhead_compare, "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
           "whatif": whatif, "structured": structured, "curve": curve,
           "speculative": speculative}
