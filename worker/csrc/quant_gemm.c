@@ -77,18 +77,18 @@ static inline void lanes_decode(int type, const uint8_t *blk, lanes *w0, lanes *
                   _mm_loadu_si128((const __m128i *)(blk + 18)))), d);
         return;
     }
+    /* A 4-bit weight has sixteen values: decode them once into a table and look each
+     * weight up by its nibble (vpermps reads an index's low 4 bits, so the low nibble needs
+     * no mask). The table holds the very floats the arithmetic gave: d * (v - 8) exact,
+     * fma(v, d, m) one rounding. */
     const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
     __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
-    __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
-    if (type == Q4_0) {
-        __m512i eight = _mm512_set1_epi32(8);
-        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)), d);
-        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)), d);
-    } else {
-        __m512 m = _mm512_set1_ps(half_to_float(blk + 2));
-        *w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m);   /* d * q exact: one rounding */
-        *w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m);
-    }
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 table = type == Q4_0
+        ? _mm512_mul_ps(_mm512_sub_ps(values, _mm512_set1_ps(8.0f)), d)
+        : _mm512_fmadd_ps(values, d, _mm512_set1_ps(half_to_float(blk + 2)));
+    *w0 = _mm512_permutexvar_ps(q, table);
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
 }
 #elif defined(__AVX2__)
 #define ISA "avx2"
