@@ -57,6 +57,8 @@ static inline float half_to_float(const uint8_t *p) {
 #define ISA "avx512"
 #define RT 4                                 /* rows per tile */
 #define NT 4                                 /* columns per tile */
+#define BR 8                                 /* a call of BR rows or more: BR x BC tiles, */
+#define BC 3                                 /* 24 accumulators of the 32 registers */
 typedef __m512 lanes;
 static inline lanes lanes_zero(void) { return _mm512_setzero_ps(); }
 static inline lanes lanes_load(const float *p) { return _mm512_loadu_ps(p); }
@@ -94,6 +96,8 @@ static inline void lanes_decode(int type, const uint8_t *blk, lanes *w0, lanes *
 #define ISA "avx2"
 #define RT 2
 #define NT 2
+#define BR 0                                 /* no larger tiles: 16 registers */
+#define BC 1
 typedef struct { __m256 a, b; } lanes;       /* lanes 0..7, 8..15 */
 static inline lanes lanes_zero(void) { return (lanes){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 static inline lanes lanes_load(const float *p) {
@@ -140,6 +144,8 @@ static inline void lanes_decode(int type, const uint8_t *blk, lanes *w0, lanes *
 #define ISA "scalar"
 #define RT 1
 #define NT 1
+#define BR 0
+#define BC 1
 typedef struct { float v[16]; } lanes;
 static inline lanes lanes_zero(void) { return (lanes){{0}}; }
 static inline lanes lanes_load(const float *p) { lanes l; memcpy(l.v, p, sizeof l.v); return l; }
@@ -182,7 +188,7 @@ static inline __attribute__((always_inline)) void
 tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w, int64_t ldw,
      int64_t blocks, const float *b, float *y, int64_t ldy) {
     const int bytes = block_bytes(type);
-    lanes acc[4][4];                         /* R <= RT, C <= NT: the table's sizes */
+    lanes acc[8][4];                         /* R <= RT or BR, C <= NT or BC */
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = lanes_zero();
     for (int64_t i = 0; i < blocks; i++) {
@@ -215,10 +221,25 @@ typedef void (*tile_fn)(const float *, int64_t, const uint8_t *, int64_t, int64_
 #define TILES_C(T, R) TILE(T, R, 1) TILE(T, R, 2) TILE(T, R, 3) TILE(T, R, 4)
 #define TILES(T) TILES_C(T, 1) TILES_C(T, 2) TILES_C(T, 3) TILES_C(T, 4)
 TILES(Q4_0) TILES(Q4_1) TILES(Q8_0)
+#if BR
+TILE(Q4_0, BR, BC) TILE(Q4_1, BR, BC) TILE(Q8_0, BR, BC)
+#endif
 #define ROW(T, R) {tile_##T##_##R##_1, tile_##T##_##R##_2, tile_##T##_##R##_3, tile_##T##_##R##_4}
 #define TABLE(T) {ROW(T, 1), ROW(T, 2), ROW(T, 3), ROW(T, 4)}
 static const tile_fn TILES_Q4_0[4][4] = TABLE(Q4_0), TILES_Q4_1[4][4] = TABLE(Q4_1),
                      TILES_Q8_0[4][4] = TABLE(Q8_0);
+
+/* The BR x BC tile of `type` (a call of at least BR rows takes them, where the ISA has
+ * them), or 0. Every tile sums an output in the same order, so a row's result does not
+ * depend on which tile it fell in. */
+static tile_fn big_tile(int type) {
+#if BR
+    return type == Q4_0 ? tile_Q4_0_BR_BC : type == Q4_1 ? tile_Q4_1_BR_BC : tile_Q8_0_BR_BC;
+#else
+    (void)type;
+    return 0;
+#endif
+}
 
 /* x [m][k], w [n][k] in `type`'s blocks, b [n] or NULL -> y [m][n]. 0, or -1 for a type
  * it does not know or k not a multiple of 32. */
@@ -228,10 +249,16 @@ int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, 
                               : type == Q8_0 ? TILES_Q8_0 : 0;
     if (!table || k % QK) return -1;
     const int64_t blocks = k / QK, ldw = blocks * block_bytes(type);
+    const tile_fn big = m >= BR ? big_tile(type) : 0;
+    const int64_t step = big ? BC : NT, big_rows = big ? m / BR * BR : 0;
     #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n0 = 0; n0 < n; n0 += NT) {
-        int cols = n - n0 < NT ? (int)(n - n0) : NT;
-        for (int64_t r0 = 0; r0 < m; r0 += RT) {
+    for (int64_t n0 = 0; n0 < n; n0 += step) {
+        int cols = n - n0 < step ? (int)(n - n0) : (int)step;
+        int64_t r0 = 0;
+        if (cols == BC)
+            for (; r0 < big_rows; r0 += BR)
+                big(x + r0 * k, k, w + n0 * ldw, ldw, blocks, b ? b + n0 : 0, y + r0 * n + n0, n);
+        for (; r0 < m; r0 += RT) {
             int rows = m - r0 < RT ? (int)(m - r0) : RT;
             table[rows - 1][cols - 1](x + r0 * k, k, w + n0 * ldw, ldw, blocks,
                                       b ? b + n0 : 0, y + r0 * n + n0, n);
