@@ -127,12 +127,19 @@ def rope_kernel(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     lib = lib or kernel()
     _check(q, k, cos, sin)
     lead = q.shape[:-1]
-    if k.shape[:-1] != lead or dim % 2 or q.shape[-1] % dim or k.shape[-1] % dim:
+    if (k.shape[:-1] != lead or dim % 2 or q.shape[-1] % dim or k.shape[-1] % dim
+            or cos.shape[-1] != dim or sin.shape[-1] != dim):
         raise ValueError(f"rotary embedding of q {list(q.shape)} and k {list(k.shape)} in "
                          f"heads of {dim}")
-    c = cos.expand(*lead, dim).reshape(-1, dim).contiguous()
-    s = sin.expand(*lead, dim).reshape(-1, dim).contiguous()
+    c, s = _table(cos, lead, dim), _table(sin, lead, dim)
     return _rope_one(q, c, s, dim, lib), _rope_one(k, c, s, dim, lib)
+
+
+def _table(t: torch.Tensor, lead: torch.Size, dim: int) -> torch.Tensor:
+    """cos or sin as [tokens, dim] contiguous (a view where it already is one)."""
+    if t.shape[:-1] != lead:
+        t = t.expand(*lead, dim)
+    return t.reshape(-1, dim).contiguous()
 
 
 def _rope_one(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, dim: int, lib) -> torch.Tensor:
