@@ -1,7 +1,7 @@
 """The Llama family's small per-token ops in C (csrc/row_ops.c): RMSNorm (optionally after the
-residual add), the rotary embedding of q and k, silu(gate) * up. Each replaces a dozen of
-torch's calls (about 80 a layer in all on a one-row decode); worker/fused_llama.py puts them
-in a model's modules. Every row is summed in one fixed order, whatever the call's rows.
+residual add) and the rotary embedding of q and k. Each replaces 9-16 of torch's calls;
+worker/fused_llama.py puts them in a model's modules. Every row is summed in one fixed
+order, whatever the call's rows.
 
 While worker/graph.py records the forward each is recorded as one op (tl::rms_norm, ...),
 whose kernel is the function the eager forward calls. Without the kernel (no C compiler,
@@ -40,21 +40,29 @@ def load(source: Path = SOURCE):
     if lib is None:
         return None
     lib.tl_rms_norm.argtypes = (_P, _I64, _P, _I64, _P, _F, _I64, _I64, _P, _P, _INT)
-    lib.tl_rope.argtypes = (_P, _I64, _P, _P, _I64, _I64, _I64, _P, _INT)
-    lib.tl_silu_mul.argtypes = (_P, _I64, _P, _I64, _I64, _I64, _P, _INT)
+    lib.tl_rope.argtypes = (_P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P,
+                            _INT)
     return lib
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x as [rows, last dim] with unit stride along the last dim (a view where it can be)."""
-    flat = x.reshape(-1, x.shape[-1])
-    return flat if flat.stride(-1) == 1 else flat.contiguous()
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(x or a copy, rows, row stride) for x [..., n] read as rows of n with unit stride
+    (x itself where it is contiguous: the common case, kept cheap)."""
+    if x.dtype != torch.float32 or not x.is_cpu:
+        raise TypeError(f"the native row ops take CPU float32, not {x.device} {x.dtype}")
+    n = x.shape[-1]
+    if x.is_contiguous():
+        return x, x.numel() // n if n else 0, n
+    flat = x.reshape(-1, n)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    return flat, flat.shape[0], flat.stride(0)
 
 
-def _check(*xs: torch.Tensor) -> None:
-    for x in xs:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise TypeError(f"the native row ops take CPU float32, not {x.device} {x.dtype}")
+def _out(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous float32 tensor of x's shape (empty_like is the cheaper call)."""
+    return torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape,
+                                                                      dtype=torch.float32)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -82,14 +90,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return rope_kernel(q, k, cos, sin, dim)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up."""
-    if torch.jit.is_tracing():
-        return torch.ops.tl.silu_mul(gate, up)
-    return silu_mul_kernel(gate, up)
-
-
-# The kernels of tl::rms_norm, tl::add_rms_norm, tl::rope and tl::silu_mul; `lib`: the
+# The kernels of tl::rms_norm, tl::add_rms_norm and tl::rope; `lib`: the
 # library to run (tests pass a mutant's), default the one built here.
 
 def rms_norm_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> torch.Tensor:
@@ -102,61 +103,44 @@ def add_rms_norm_kernel(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
 
 
 def _norm(x, residual, weight, eps, lib) -> tuple[torch.Tensor | None, torch.Tensor]:
-    _check(x, weight)
     n = x.shape[-1]
-    flat, w = _rows(x), weight.contiguous()
+    flat, rows, stride = _rows(x)
+    w = _rows(weight)[0]
     if w.shape != (n,):
         raise ValueError(f"an RMSNorm weight of {list(w.shape)} for rows of {n}")
-    out = torch.empty(flat.shape, dtype=torch.float32)
-    total, res = None, None
+    out = _out(x)
+    total, res, res_stride = None, None, 0
     if residual is not None:
-        _check(residual)
         if residual.shape != x.shape:
             raise ValueError(f"a residual of {list(residual.shape)} for {list(x.shape)}")
-        res = _rows(residual)
-        total = torch.empty(flat.shape, dtype=torch.float32)
-    lib.tl_rms_norm(flat.data_ptr(), flat.stride(0), None if res is None else res.data_ptr(),
-                    0 if res is None else res.stride(0), w.data_ptr(), eps, flat.shape[0], n,
+        res, _, res_stride = _rows(residual)
+        total = _out(x)
+    lib.tl_rms_norm(flat.data_ptr(), stride, None if res is None else res.data_ptr(),
+                    res_stride, w.data_ptr(), eps, rows, n,
                     None if total is None else total.data_ptr(), out.data_ptr(),
                     torch.get_num_threads())
-    return (None if total is None else total.view(x.shape)), out.view(x.shape)
+    return total, out
 
 
 def rope_kernel(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 dim: int, lib=None) -> tuple[torch.Tensor, torch.Tensor]:
     lib = lib or kernel()
-    _check(q, k, cos, sin)
     lead = q.shape[:-1]
-    if (k.shape[:-1] != lead or dim % 2 or q.shape[-1] % dim or k.shape[-1] % dim
-            or cos.shape[-1] != dim or sin.shape[-1] != dim):
+    if (k.shape[:-1] != lead or dim <= 0 or dim % 2 or q.shape[-1] % dim
+            or k.shape[-1] % dim or cos.shape[-1] != dim or sin.shape[-1] != dim):
         raise ValueError(f"rotary embedding of q {list(q.shape)} and k {list(k.shape)} in "
                          f"heads of {dim}")
+    (qf, tokens, qs), (kf, _, ks) = _rows(q), _rows(k)
     c, s = _table(cos, lead, dim), _table(sin, lead, dim)
-    return _rope_one(q, c, s, dim, lib), _rope_one(k, c, s, dim, lib)
+    qo, ko = _out(q), _out(k)
+    lib.tl_rope(qf.data_ptr(), qs, q.shape[-1] // dim, kf.data_ptr(), ks, k.shape[-1] // dim,
+                c.data_ptr(), s.data_ptr(), tokens, dim, qo.data_ptr(), ko.data_ptr(),
+                torch.get_num_threads())
+    return qo, ko
 
 
 def _table(t: torch.Tensor, lead: torch.Size, dim: int) -> torch.Tensor:
-    """cos or sin as [tokens, dim] contiguous (a view where it already is one)."""
+    """cos or sin as [tokens, dim] contiguous (itself where it already is that)."""
     if t.shape[:-1] != lead:
         t = t.expand(*lead, dim)
-    return t.reshape(-1, dim).contiguous()
-
-
-def _rope_one(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, dim: int, lib) -> torch.Tensor:
-    flat = _rows(x)
-    out = torch.empty(flat.shape, dtype=torch.float32)
-    lib.tl_rope(flat.data_ptr(), flat.stride(0), c.data_ptr(), s.data_ptr(), flat.shape[0],
-                flat.shape[1] // dim, dim, out.data_ptr(), torch.get_num_threads())
-    return out.view(x.shape)
-
-
-def silu_mul_kernel(gate: torch.Tensor, up: torch.Tensor, lib=None) -> torch.Tensor:
-    lib = lib or kernel()
-    _check(gate, up)
-    if gate.shape != up.shape:
-        raise ValueError(f"silu(gate) * up of {list(gate.shape)} and {list(up.shape)}")
-    g, u = _rows(gate), _rows(up)
-    out = torch.empty(g.shape, dtype=torch.float32)
-    lib.tl_silu_mul(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), g.shape[0],
-                    g.shape[1], out.data_ptr(), torch.get_num_threads())
-    return out.view(gate.shape)
+    return _rows(t.contiguous())[0]

@@ -1,6 +1,6 @@
 /* The Llama family's small per-token ops, one call each instead of a dozen of torch's:
- * RMSNorm (optionally after the residual add), the rotary embedding of q and k, and
- * silu(gate) * up. fp32, rows contiguous with a row stride.
+ * RMSNorm (optionally after the residual add) and the rotary embedding of q and k. fp32,
+ * rows with unit stride, a row stride between them.
  *
  * Each row is computed by one thread and every sum taken in one fixed order (16 lane
  * partials over the row, then a fixed tree), so a row's result does not depend on the
@@ -60,24 +60,17 @@ static void rope_head(const float *x, const float *c, const float *s, int64_t di
     for (int64_t d = h; d < dim; d++) out[d] = x[d] * c[d] + x[d - h] * s[d];
 }
 
-/* x [tokens, heads, dim] (token stride x_stride floats, heads contiguous), cos and sin
- * [tokens, dim] contiguous -> out [tokens, heads, dim] contiguous. */
-void tl_rope(const float *x, int64_t x_stride, const float *cos, const float *sin,
-             int64_t tokens, int64_t heads, int64_t dim, float *out, int threads) {
-    #pragma omp parallel for num_threads(threads) if(tokens * heads * dim >= PAR_MIN)
-    for (int64_t t = 0; t < tokens; t++)
-        for (int64_t g = 0; g < heads; g++)
-            rope_head(x + t * x_stride + g * dim, cos + t * dim, sin + t * dim, dim,
-                      out + (t * heads + g) * dim);
-}
-
-/* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, [rows, n] with row strides. */
-void tl_silu_mul(const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
-                 int64_t rows, int64_t n, float *out, int threads) {
-    #pragma omp parallel for num_threads(threads) if(rows * n >= PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *g = gate + r * gate_stride, *u = up + r * up_stride;
-        float *o = out + r * n;
-        for (int64_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+/* q [tokens, q_heads, dim] and k [tokens, k_heads, dim] (token strides qs, ks floats, heads
+ * contiguous), cos and sin [tokens, dim] contiguous -> qo, ko contiguous. */
+void tl_rope(const float *q, int64_t qs, int64_t q_heads, const float *k, int64_t ks,
+             int64_t k_heads, const float *cos, const float *sin, int64_t tokens, int64_t dim,
+             float *qo, float *ko, int threads) {
+    #pragma omp parallel for num_threads(threads) if(tokens * (q_heads + k_heads) * dim >= PAR_MIN)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos + t * dim, *s = sin + t * dim;
+        for (int64_t g = 0; g < q_heads; g++)
+            rope_head(q + t * qs + g * dim, c, s, dim, qo + (t * q_heads + g) * dim);
+        for (int64_t g = 0; g < k_heads; g++)
+            rope_head(k + t * ks + g * dim, c, s, dim, ko + (t * k_heads + g) * dim);
     }
 }
