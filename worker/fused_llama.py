@@ -3,12 +3,13 @@ embedding of q and k, and the residual add before the post-attention norm.
 
 On a one-row decode of smollm2 these are ~1,800 small torch calls a step (~60 a layer); here
 they are 3 calls a layer. The MLP keeps torch's silu(gate) * up: 2 calls, which the decode
-graph replays faster (~4-7 us) than one op with a Python kernel runs (~10-14 us). Only this model's
-instances change (their `forward`, as worker/linear/packed.py swaps a linear layer's), and only
-modules whose class is transformers' Llama one, whose code the replacements follow step for
-step: every other family keeps its own code. Same sub-module calls in the same order, so the
-linear layers' sibling fusion (packed.py, quant_fuse.py) still sees q, k, v (and gate, up)
-handed one tensor.
+graph replays faster (~4-7 us) than one op with a Python kernel runs (~10-14 us).
+
+Only this model's instances change (their `forward`, as worker/linear/packed.py swaps a
+linear layer's), and only modules whose class is transformers' Llama one, whose code the
+replacements follow step for step: every other family keeps its own code. Same sub-module
+calls in the same order, so the linear layers' sibling fusion (packed.py, quant_fuse.py)
+still sees q, k, v (and gate, up) handed one tensor.
 
 Numerics: RMSNorm's mean of squares is summed in the kernel's fixed order (not torch's),
 within float32 rounding of torch's; the rotary embedding and the residual add give torch's

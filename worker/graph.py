@@ -9,12 +9,12 @@ decode kernel (every step in the batch-invariant mode; pure-decode steps otherwi
 What varies between steps is only shapes. The calls whose Python depends on a shape (the
 matmuls' row padding, the C kernels behind ctypes) are recorded as the ops
 `tl::packed_linear`, `tl::panel_linear`, `tl::row_linear`, `tl::quant_linear`,
-`tl::quant_embedding` and `tl::paged_decode`, and the row ops of worker/row_ops.py
-(`tl::rms_norm`, `tl::add_rms_norm`, `tl::rope`) and the KV write (`tl::kv_write`), whose kernels are the
-functions the eager forward calls. That the rest holds for a checkpoint's
-code is checked, not assumed: `capture` refuses a model whose code decides on a tensor in
-Python, and keeps the recording only if it answers a one-row and a five-row step bit for
-bit as the eager forward does; anything else leaves the runner eager, with one line on
+`tl::quant_embedding`, `tl::paged_decode` and `tl::kv_write`, and the row ops of
+worker/row_ops.py (`tl::rms_norm`, `tl::add_rms_norm`, `tl::rope`), whose kernels are the
+functions the eager forward calls. That the rest holds for a checkpoint's code is checked,
+not assumed: `capture` refuses a model whose code decides on a tensor in Python, and keeps
+the recording only if it answers a one-row and a five-row step bit for bit as the eager
+forward does; anything else leaves the runner eager, with one line on
 stderr saying why.
 """
 from __future__ import annotations
@@ -39,8 +39,9 @@ def enabled() -> bool:
 @cache
 def ops() -> torch.library.Library:
     """`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear`, `tl::quant_linear`,
-    `tl::quant_embedding`, `tl::paged_decode`, `tl::kv_write` and the row ops, registered once per process
-    (the Library must stay alive for them to stay registered: the cache holds it)."""
+    `tl::quant_embedding`, `tl::paged_decode`, `tl::kv_write` and the row ops, registered once
+    per process (the Library must stay alive for them to stay registered: the cache holds
+    it)."""
     from worker import native, row_ops
     from worker.linear import dispatch, panels, quant_module
 
