@@ -1,5 +1,6 @@
 """The C decode-attention kernel (worker/native.py): against a float64 reference on
-scattered block tables, and a model using it against transformers' generate."""
+scattered block tables, and a model using it against transformers' generate; its KV write
+against index_copy_."""
 from __future__ import annotations
 
 import random
