@@ -94,8 +94,11 @@ def paged_attention(module, query, key, value, attention_mask=None, scaling=None
     rep = heads // key.shape[1]
     cache = step.kv[module.layer_idx]                           # [2, N, B, KVH, D]
     flat = cache.view(2, -1, cache.shape[-2], dim)              # [2, N * B, KVH, D]
-    flat[0].index_copy_(0, step.slot_mapping, key[0].transpose(0, 1))
-    flat[1].index_copy_(0, step.slot_mapping, value[0].transpose(0, 1))
+    if step.native is not None:   # the kernel's library is built: one call, not ~7
+        native.kv_write(cache, step.slot_mapping, key[0], value[0])
+    else:
+        flat[0].index_copy_(0, step.slot_mapping, key[0].transpose(0, 1))
+        flat[1].index_copy_(0, step.slot_mapping, value[0].transpose(0, 1))
 
     q = query[0]                                                # [H, T, D]
     nd = step.num_decode

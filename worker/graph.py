@@ -9,11 +9,12 @@ decode kernel (every step in the batch-invariant mode; pure-decode steps otherwi
 What varies between steps is only shapes. The calls whose Python depends on a shape (the
 matmuls' row padding, the C kernels behind ctypes) are recorded as the ops
 `tl::packed_linear`, `tl::panel_linear`, `tl::row_linear`, `tl::quant_linear`,
-`tl::quant_embedding` and `tl::paged_decode`, whose
-kernels are the functions the eager forward calls. That the rest holds for a checkpoint's
-code is checked, not assumed: `capture` refuses a model whose code decides on a tensor in
-Python, and keeps the recording only if it answers a one-row and a five-row step bit for
-bit as the eager forward does; anything else leaves the runner eager, with one line on
+`tl::quant_embedding`, `tl::paged_decode` and `tl::kv_write`, and the row ops of
+worker/row_ops.py (`tl::rms_norm`, `tl::add_rms_norm`, `tl::rope`), whose kernels are the
+functions the eager forward calls. That the rest holds for a checkpoint's code is checked,
+not assumed: `capture` refuses a model whose code decides on a tensor in Python, and keeps
+the recording only if it answers a one-row and a five-row step bit for bit as the eager
+forward does; anything else leaves the runner eager, with one line on
 stderr saying why.
 """
 from __future__ import annotations
@@ -38,9 +39,10 @@ def enabled() -> bool:
 @cache
 def ops() -> torch.library.Library:
     """`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear`, `tl::quant_linear`,
-    `tl::quant_embedding` and `tl::paged_decode`, registered once per process (the Library must stay alive for them to stay registered:
-    the cache holds it)."""
-    from worker import native
+    `tl::quant_embedding`, `tl::paged_decode`, `tl::kv_write` and the row ops, registered once
+    per process (the Library must stay alive for them to stay registered: the cache holds
+    it)."""
+    from worker import native, row_ops
     from worker.linear import dispatch, panels, quant_module
 
     lib = torch.library.Library("tl", "DEF")
@@ -57,6 +59,19 @@ def ops() -> torch.library.Library:
     lib.impl("quant_linear", quant_module.quant_linear, "CompositeExplicitAutograd")
     lib.impl("quant_embedding", quant_module.quant_embedding, "CompositeExplicitAutograd")
     lib.impl("paged_decode", native.kernel_decode, "CompositeExplicitAutograd")
+    lib.define("kv_write(Tensor(a!) cache, Tensor slots, Tensor k, Tensor v) -> ()")
+    lib.impl("kv_write", native.kernel_kv_write, "CompositeExplicitAutograd")
+    _row_ops(lib, row_ops)
+    return lib
+
+
+def _row_ops(lib: torch.library.Library, row_ops) -> None:
+    lib.define("rms_norm(Tensor x, Tensor w, float eps) -> Tensor")
+    lib.define("add_rms_norm(Tensor x, Tensor residual, Tensor w, float eps) -> (Tensor, Tensor)")
+    lib.define("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, int dim) -> (Tensor, Tensor)")
+    lib.impl("rms_norm", row_ops.rms_norm_kernel, "CompositeExplicitAutograd")
+    lib.impl("add_rms_norm", row_ops.add_rms_norm_kernel, "CompositeExplicitAutograd")
+    lib.impl("rope", row_ops.rope_kernel, "CompositeExplicitAutograd")
     return lib
 
 

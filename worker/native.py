@@ -42,6 +42,8 @@ def kernel():
                                     _F, _P, _INT)
     lib.tl_paged_decode.restype = _INT
     lib.tl_paged_decode_supports.argtypes = (_INT, _INT)
+    lib.tl_kv_write.argtypes = (_P, _I64, _I64, _P, _I64, _P, _P, _P, _P, _INT, _INT)
+    lib.tl_kv_write.restype = _INT
     return lib
 
 
@@ -140,3 +142,34 @@ def kernel_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: tor
     if rc != 0:
         raise MemoryError("native decode attention could not allocate its scratch")
     return out
+
+
+def kv_write(cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """k, v [KVH, T, D] into one layer's pool `cache` [2, N, B, KVH, D] at `slots` [T]
+    (int64 pool rows), as index_copy_ along the flattened rows would, in one call."""
+    if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
+        torch.ops.tl.kv_write(cache, slots, k, v)
+        return
+    kernel_kv_write(cache, slots, k, v)
+
+
+def kernel_kv_write(cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> None:
+    heads, tokens, dim = k.shape
+    if (v.shape != k.shape or not cache.is_contiguous() or cache.shape[-2:] != (heads, dim)
+            or {k.dtype, v.dtype, cache.dtype} != {torch.float32}
+            or slots.dtype != torch.int64 or slots.shape != (tokens,)):
+        raise ValueError(f"keys {list(k.shape)} and values {list(v.shape)} for a pool of "
+                         f"{list(cache.shape)} at {list(slots.shape)} slots")
+    k, v, s = _unit_last(k), _unit_last(v), slots.contiguous()
+    ks = (ctypes.c_int64 * 2)(k.stride(0), k.stride(1))
+    vs = (ctypes.c_int64 * 2)(v.stride(0), v.stride(1))
+    half = cache[0].numel()
+    rc = kernel().tl_kv_write(cache.data_ptr(), half, half // (heads * dim), s.data_ptr(),
+                              tokens, k.data_ptr(), ks, v.data_ptr(), vs, heads, dim)
+    if rc != 0:
+        raise ValueError("slot_mapping points outside the KV pool")
+
+
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()

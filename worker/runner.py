@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
-from worker import archs, graph, invariant, native, prompt_scores
+from worker import archs, fused_llama, graph, invariant, native, prompt_scores
 from worker.linear import packed, quant_fuse, rows
 from worker.linear.quant_module import QuantLinear
 from worker.attention import KWARG
@@ -35,6 +35,8 @@ class ModelRunner:
         self.drafter = None   # worker/draft.py, where the worker was given a draft model
         self.graph: graph.DecodeGraph | None = None
         weights: list[torch.Tensor] = []
+        if fused_llama.usable(model, info.tp):   # the small per-token ops in C
+            fused_llama.adapt(model)
         if any(isinstance(m, QuantLinear) for m in model.modules()):
             quant_fuse.fuse(model, self.probe)   # sibling layers as one weight
         if packed.usable(model, info.tp):   # docs/DESIGN.md, "Packed linear layers"

@@ -1,9 +1,10 @@
-"""Without a C compiler the worker serves on torch's attention and oneDNN's linear layers:
+"""Without a C compiler the worker serves on torch's attention, RMSNorm, rotary embedding
+and MLP activation and oneDNN's linear layers:
 the kernels' build says why in one line, and the model answers as with them. (The modules
 that test the kernels themselves skip then, saying so.)"""
 from __future__ import annotations
 
-from worker import native
+from worker import native, row_ops
 from worker.linear import panels
 from worker.handmade import Part, make_batch
 from worker.load import make_runner
@@ -32,6 +33,10 @@ def test_the_worker_runs_without_the_kernels(monkeypatch):
     want = greedy(make_runner("tiny", num_blocks=8), [5, 6, 7], 6)   # kernels if built here
     monkeypatch.setattr(native, "kernel", lambda: None)
     monkeypatch.setattr(panels, "kernel", lambda: None)
+    monkeypatch.setattr(row_ops, "kernel", lambda: None)
     runner = make_runner("tiny", num_blocks=8)
     assert not runner.native and runner.graph is None
+    kept = [m for m in runner.model.modules()
+            if type(m).__name__.endswith(("RMSNorm", "Attention", "MLP", "DecoderLayer"))]
+    assert kept and not any("forward" in vars(m) for m in kept)   # transformers' code
     assert greedy(runner, [5, 6, 7], 6) == want

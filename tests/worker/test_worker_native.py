@@ -1,5 +1,6 @@
 """The C decode-attention kernel (worker/native.py): against a float64 reference on
-scattered block tables, and a model using it against transformers' generate."""
+scattered block tables, and a model using it against transformers' generate; its KV write
+against index_copy_."""
 from __future__ import annotations
 
 import random
@@ -128,3 +129,29 @@ def test_tables_outside_the_pool_are_refused_before_the_kernel(d64_dir):
     bad = make_batch([Part([1, 2, 3], 2, 1, [0, 99])], 16)  # slots in block 0 are fine
     with pytest.raises(ValueError, match="outside the KV pool"):
         build_step(bad, r.kv, r.native)
+
+
+@pytest.mark.parametrize("tokens", (1, 5, 33))
+def test_kv_write_equals_index_copy(tokens):
+    """The step's keys and values (transposed views, as the attention gets them) land where
+    index_copy_ along the pool's flattened rows puts them, bit for bit."""
+    g = torch.Generator().manual_seed(tokens)
+    pool = torch.randn(2, 40, 8, 3, 64, generator=g)   # one layer: [2, N, B, KVH, D]
+    slots = torch.randperm(40 * 8, generator=g)[:tokens]
+    k = torch.randn(1, tokens, 3, 64, generator=g).transpose(1, 2)[0]   # [KVH, T, D]
+    v = torch.randn(3, tokens, 64, generator=g)                        # another layout
+    want = pool.clone()
+    flat = want.view(2, -1, 3, 64)
+    flat[0].index_copy_(0, slots, k.transpose(0, 1))
+    flat[1].index_copy_(0, slots, v.transpose(0, 1))
+    native.kernel_kv_write(pool, slots, k, v)
+    assert torch.equal(pool, want)
+
+
+def test_kv_write_outside_the_pool_is_refused_and_writes_nothing():
+    pool = torch.zeros(2, 4, 8, 3, 64)
+    k = torch.ones(3, 2, 64)
+    for bad in ([0, 32], [-1, 0]):
+        with pytest.raises(ValueError):
+            native.kernel_kv_write(pool, torch.tensor(bad), k, k)
+        assert not pool.any()

@@ -220,3 +220,22 @@ int tl_paged_decode(const float *q, const float *k, const float *v, const int64_
     }
     return failed ? -1 : 0;
 }
+
+/* The step's new keys and values into one layer's pool: token t's heads go to row slots[t]
+ * of each half ([rows, kv_heads, dim], v `half` floats after k). k and v are [kv_heads,
+ * tokens, dim] with any head and token strides (ks, vs: a transposed view), dim contiguous.
+ * Returns 0, or -1 (nothing written) where a slot is outside the pool. */
+int tl_kv_write(float *pool, int64_t half, int64_t rows, const int64_t *slots, int64_t n,
+                const float *k, const int64_t *ks, const float *v, const int64_t *vs,
+                int kv_heads, int dim) {
+    for (int64_t t = 0; t < n; t++)
+        if (slots[t] < 0 || slots[t] >= rows) return -1;
+    const size_t bytes = sizeof(float) * (size_t)dim;
+    for (int64_t t = 0; t < n; t++)
+        for (int g = 0; g < kv_heads; g++) {
+            float *dst = pool + (slots[t] * kv_heads + g) * dim;
+            memcpy(dst, k + g * ks[0] + t * ks[1], bytes);
+            memcpy(dst + half, v + g * vs[0] + t * vs[1], bytes);
+        }
+    return 0;
+}
