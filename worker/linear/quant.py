@@ -100,20 +100,22 @@ def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
                   bias: torch.Tensor | None = None, lib=None) -> torch.Tensor:
     """matmul on a weight's bare blocks (`data` [out, in / 32 * block_bytes] uint8, type
     `ggml_id`): the kernel of the decode graph's op tl::quant_linear (worker/graph.py)."""
-    qtype = BY_ID[ggml_id]
     out, k = data.shape[0], x.shape[-1]
     lib = lib or kernel()
     if lib is None:
-        return F.linear(x, dequantize(QuantWeight(data, qtype, (out, k))), bias)
-    lead = x.shape[:-1]
-    flat = x.reshape(-1, k).contiguous()
-    y = torch.empty(flat.shape[0], out, dtype=torch.float32)
-    b = None if bias is None else bias.to(torch.float32).contiguous()
-    if flat.shape[0] and out:
-        lib.tl_quant_matmul(flat.data_ptr(), data.data_ptr(), ggml_id,
-                            None if b is None else b.data_ptr(), y.data_ptr(),
-                            flat.shape[0], k, out, torch.get_num_threads())
-    return y.view(*lead, out)
+        return F.linear(x, dequantize(QuantWeight(data, BY_ID[ggml_id], (out, k))), bias)
+    # few torch calls: this runs for every layer of every step, from the decode graph too
+    if not x.is_contiguous():
+        x = x.contiguous()
+    y = torch.empty((*x.shape[:-1], out), dtype=torch.float32)
+    rows = x.numel() // k if k else 0
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    if rows and out:
+        lib.tl_quant_matmul(x.data_ptr(), data.data_ptr(), ggml_id,
+                            None if bias is None else bias.data_ptr(), y.data_ptr(),
+                            rows, k, out, torch.get_num_threads())
+    return y
 
 
 def dequantize(qw: QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
