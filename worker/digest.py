@@ -21,6 +21,7 @@ def weights_digest(model) -> str:
         local = t.to_local() if hasattr(t, "to_local") else t   # a --tp shard (DTensor)
         local = local.detach().to("cpu").contiguous()
         h.update(f"{name}|{local.dtype}|{tuple(local.shape)}|".encode())
-        h.update(local.reshape(-1).view(torch.uint8).numpy().tobytes()
-                 if local.numel() else b"")
+        # the tensor's own bytes, not a copy: a copy under the mmap threshold would stay
+        # in the heap the worker keeps (worker/malloc.py)
+        h.update(local.reshape(-1).view(torch.uint8).numpy() if local.numel() else b"")
     return h.hexdigest()

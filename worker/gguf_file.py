@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from worker.gguf_index import GgufIndex, read_index
+
 # GGUF's general.architecture -> the transformers model_type it loads as. Only those both
 # transformers' GGUF reader and the paged attention (worker/archs.py) serve.
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -36,43 +38,42 @@ def inspect(path: str | Path) -> GgufFacts:
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise ValueError(f"{path}: no such GGUF file")
-    reader = _reader(path)
-    arch = _field(reader, "general.architecture")
+    index = read(path)
+    arch = _field(index, "general.architecture")
     if arch not in ARCHITECTURES:
         raise ValueError(f"{path.name}: GGUF architecture {arch!r} is not supported "
                          f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    types = Counter(t.tensor_type.name for t in reader.tensors)
+    types = Counter(t.type_name for t in index.tensors)
     bad = sorted(set(types) - TENSOR_TYPES)
     if bad:
         raise ValueError(f"{path.name}: GGUF tensor type {bad[0]} is not supported "
                          f"(supported: {', '.join(sorted(TENSOR_TYPES))})")
-    _check_whole(path, reader)
+    _check_whole(path, index)
     return GgufFacts(str(path), sha256_of(path), arch, dict(sorted(types.items())))
 
 
-def _reader(path: Path):
-    from gguf import GGUFReader
+def read(path: Path) -> GgufIndex:
+    """The file's index (worker/gguf_index.py), or ValueError in one line."""
     try:
-        return GGUFReader(str(path))
-    except Exception as e:   # the reader raises whatever numpy does on a bad file
+        return read_index(path)
+    except Exception as e:   # a damaged file fails wherever the parse runs out
         if "magic" in str(e).lower():
             raise ValueError(f"{path.name}: not a GGUF file (bad magic number)") from None
         raise ValueError(f"{path.name}: not a readable GGUF file (truncated or damaged: "
                          f"{type(e).__name__}: {e})") from None
 
 
-def _field(reader, key: str):
-    f = reader.fields.get(key)
-    if f is None:
+def _field(index: GgufIndex, key: str):
+    if key not in index.fields:
         raise ValueError(f"GGUF metadata has no {key!r}")
-    return f.contents()
+    return index.fields[key]
 
 
-def _check_whole(path: Path, reader) -> None:
-    size = path.stat().st_size
-    if not reader.tensors:
+def _check_whole(path: Path, index: GgufIndex) -> None:
+    size = index.size
+    if not index.tensors:
         raise ValueError(f"{path.name}: the GGUF file holds no tensors")
-    end = max(t.data_offset + t.n_bytes for t in reader.tensors)
+    end = max(t.offset + t.n_bytes for t in index.tensors)
     if end > size:
         raise ValueError(f"{path.name}: truncated: its tensors end at byte {end}, the file "
                          f"has {size}")

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from worker import requantize
+from worker.gguf_index import TensorInfo, read_index, read_into
 from worker.linear.quant import TYPES, QuantWeight
 from worker.linear.quant_module import QuantEmbedding, QuantLinear, put
 
@@ -58,38 +59,30 @@ def load_quantized(model: nn.Module, path: str | Path, architecture: str) -> dic
     if architecture not in ARCHITECTURES:
         raise ValueError(f"quantized weights are not read for GGUF architecture "
                          f"{architecture!r} (read for: {', '.join(sorted(ARCHITECTURES))})")
-    from gguf import GGUFReader
-    reader = GGUFReader(str(path))
     cfg = model.config
     heads = {"attn_q": cfg.num_attention_heads,
              "attn_k": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
     done, unread, requantized = {}, set(), set()
-    for t in reader.tensors:
-        name, qtype = module_name(t.name), TYPES.get(t.tensor_type.name)
-        if t.name in EMBEDDINGS:
-            name = t.name
-        if name is None:
-            continue
-        kind = t.name.split(".")[-2]
-        permute = kind in PERMUTED.get(architecture, ())
-        type_name = t.tensor_type.name
-        if qtype is not None:
-            rows = unpermute(np.asarray(t.data), heads[kind]) if permute else np.asarray(t.data)
-            weight = QuantWeight(torch.from_numpy(np.array(rows, copy=True)), qtype,
-                                 (rows.shape[0], int(t.shape[0])))
-        elif requantize.requantizable(type_name):
-            floats = requantize.decoded(np.asarray(t.data), type_name)
-            weight = requantize.to_q8_0(unpermute(floats, heads[kind]) if permute else floats)
-            requantized.add(type_name)
-        else:
-            unread.add(type_name)
-            continue
-        label = weight.qtype.name if qtype is not None else f"{weight.qtype.name} from {type_name}"
-        if t.name in EMBEDDINGS:
-            done.update(dict.fromkeys(_embedding(model, t.name, weight), label))
-        else:
-            _replace(model, name, weight)
-            done[name] = label
+    with open(path, "rb") as f:
+        for t in read_index(path).tensors:
+            name = t.name if t.name in EMBEDDINGS else module_name(t.name)
+            if name is None:
+                continue
+            kind = t.name.split(".")[-2]
+            n_head = heads[kind] if kind in PERMUTED.get(architecture, ()) else None
+            weight = _weight(f, t, n_head)
+            if weight is None:
+                unread.add(t.type_name)
+                continue
+            label = weight.qtype.name
+            if t.type_name != label:
+                requantized.add(t.type_name)
+                label = f"{label} from {t.type_name}"
+            if t.name in EMBEDDINGS:
+                done.update(dict.fromkeys(_embedding(model, t.name, weight), label))
+            else:
+                _replace(model, name, weight)
+                done[name] = label
     if requantized:
         print(requantize.warning(Path(path).name, requantized), file=sys.stderr, flush=True)
     unread -= {"F32", "F16", "BF16"}
@@ -98,6 +91,34 @@ def load_quantized(model: nn.Module, path: str | Path, architecture: str) -> dic
               "weights (no kernel for them): about 4-8x the bytes per token of their blocks",
               file=sys.stderr, flush=True)
     return done
+
+
+def _weight(f, t: TensorInfo, n_head: int | None) -> QuantWeight | None:
+    """The tensor as served: its blocks, or Q8_0 ones re-quantized from a type the kernel
+    lacks; None for a type neither (float: the checkpoint's weight stays)."""
+    qtype = TYPES.get(t.type_name)
+    if qtype is not None:
+        return _blocks(f, t, qtype, n_head)
+    if not requantize.requantizable(t.type_name):
+        return None
+    floats = requantize.decoded(_raw(f, t), t.type_name)
+    return requantize.to_q8_0(floats if n_head is None else unpermute(floats, n_head))
+
+
+def _blocks(f, t: TensorInfo, qtype, n_head: int | None) -> QuantWeight:
+    """The tensor's blocks as the file stores them, its rows put back in transformers'
+    order where the converter permuted them for `n_head` heads."""
+    rows = _raw(f, t)
+    if n_head is not None:
+        rows = np.ascontiguousarray(unpermute(rows, n_head))
+    return QuantWeight(torch.from_numpy(rows), qtype, (rows.shape[0], int(t.dims[0])))
+
+
+def _raw(f, t: TensorInfo) -> np.ndarray:
+    """[rows, bytes per row] uint8, read from the open file."""
+    out = np.empty(t.byte_shape, dtype=np.uint8)
+    read_into(f, t, out)
+    return out
 
 
 def _embedding(model: nn.Module, tensor: str, weight: QuantWeight) -> dict[str, str]:

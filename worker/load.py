@@ -93,11 +93,9 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     if note := fallback_note(device, dtype):
         print(note, file=sys.stderr, flush=True)
     path, checkpoint = resolve_checkpoint(model)
-    if why := quantized.refusal(checkpoint, quantize, dequantize, device, dtype, tp):
-        raise ValueError(why)
-    hf = load_model(path, device, dtype, tp)
-    quantization = quantized.apply(hf, checkpoint, quantize=quantize, dequantize=dequantize,
-                                   device=device, dtype=dtype, tp=tp)
+    mode = quantized.mode(checkpoint, quantize, dequantize, device, dtype, tp)
+    hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp)
+    quantization = {"mode": mode, "layers": layers}
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = context_limit(cfg, max_model_len)
     shape = kv.kv_shape(cfg, tp)
@@ -138,23 +136,47 @@ def _attach_draft(runner, draft: str, device: str, dtype: str) -> None:
     runner.info = replace(info, draft=d.info.model)
 
 
-def load_model(path: Path, device: str = "cpu", dtype: str = "float32", tp: int = 1):
-    """The checkpoint as a transformers model whose attention is the paged one; ValueError
-    for an architecture or config feature it does not serve exactly (worker/archs.py), or a
-    model that cannot be split over `tp` ranks."""
+def load_weights(path: Path, checkpoint: dict, mode: str, device: str, dtype: str, tp: int):
+    """(the model, {module name: quantized type}) as `mode` says (worker/quantized.py). On a
+    GGUF file's blocks the model is built around them (worker/skeleton.py): the float
+    weights they stand for are never read."""
+    if mode != "gguf":
+        from worker.quantized import quantize_float
+        hf = load_model(path, device, dtype, tp)
+        return hf, quantize_float(hf, mode)
+    from worker import attention, skeleton
+    from worker.gguf_quant import load_quantized
+    return skeleton.build(path, model_config(path), attention.NAME, lambda m: load_quantized(
+        m, checkpoint["path"], checkpoint["architecture"]))
+
+
+def model_config(path: Path, tp: int = 1):
+    """The checkpoint's config, checked: ValueError for an architecture or config feature
+    the paged attention does not serve exactly (worker/archs.py), or a model that cannot be
+    split over `tp` ranks. The paged attention is registered."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from worker import archs, attention
-
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device cuda requested but torch sees no CUDA device")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     archs.check(config)
     archs.check_split(config, tp)
     attention.register()
+    return config
+
+
+def load_model(path: Path, device: str = "cpu", dtype: str = "float32", tp: int = 1):
+    """The checkpoint as a transformers model whose attention is the paged one; ValueError
+    as model_config says."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from worker import attention
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda requested but torch sees no CUDA device")
+    config = model_config(path, tp)
     split = {}
     if tp > 1:  # transformers places each shard on this rank's device
         from transformers import DistributedConfig

@@ -2,8 +2,9 @@
 "Quantized weights"):
 
 - a GGUF file with Q8_0, Q4_0 or Q4_1 tensors is served on its blocks, as stored (the
-  default; worker/gguf_quant.py); `--dequantize` serves it as the converted checkpoint's
-  float weights of `--dtype`;
+  default; worker/gguf_quant.py), the model built around them so that the float weights
+  they stand for are never read (worker/skeleton.py); `--dequantize` serves it as the
+  converted checkpoint's float weights of `--dtype`;
 - `--quantize q8_0|q4_0` quantizes a float checkpoint's linear layers at load (the output
   head stays float: it is the embedding's own weight in the models that tie them).
 
@@ -44,25 +45,41 @@ def refusal(checkpoint: dict, quantize: str | None, dequantize: bool, device: st
     return None
 
 
-def apply(model, checkpoint: dict, *, quantize: str | None = None, dequantize: bool = False,
-          device: str = "cpu", dtype: str = "float32", tp: int = 1) -> dict:
-    """Quantize `model`'s layers as the settings say; what ModelInfo.quantization records:
-    {"mode": "gguf" | "q8_0" | "q4_0" | "none", "layers": {module name: type}}."""
+def mode(checkpoint: dict, quantize: str | None = None, dequantize: bool = False,
+         device: str = "cpu", dtype: str = "float32", tp: int = 1) -> str:
+    """How the weights are served: "gguf" (a quantized file's layers on its blocks, built
+    around them: worker/load.py), "q8_0" or "q4_0" (`--quantize`, at load) or "none" (the
+    checkpoint's float weights). ValueError for settings it refuses; a quantized file served
+    as float weights says why in one line."""
     if why := refusal(checkpoint, quantize, dequantize, device, dtype, tp):
         raise ValueError(why)
     if quantize is not None:
-        from worker.linear.quant import TYPES
-        from worker.linear.quant_module import quantize_linears
-        qtype = TYPES[quantize.upper()]
-        return _done(quantize, {n: qtype.name for n in quantize_linears(model, qtype)})
+        return quantize
     if dequantize or not set(quantized_types(checkpoint)) & set(NATIVE):
-        return {"mode": "none", "layers": {}}
-    from worker.gguf_quant import ARCHITECTURES, load_quantized
+        return "none"
+    from worker.gguf_quant import ARCHITECTURES
     if why := _why_float(checkpoint, device, dtype, tp, ARCHITECTURES):
         print(f"[worker] {checkpoint.get('path')}: its quantized weights are served as "
               f"{dtype}: {why}", file=sys.stderr, flush=True)
-        return {"mode": "none", "layers": {}}
-    return _done("gguf", load_quantized(model, checkpoint["path"], checkpoint["architecture"]))
+        return "none"
+    return "gguf"
+
+
+def quantize_float(model, mode: str) -> dict[str, str]:
+    """`--quantize`'s layers put in a float model ({module name: type}; none for "none"),
+    the float weights they replace handed back to the system (worker/malloc.py)."""
+    if mode not in QUANTIZE:
+        return {}
+    import gc
+
+    from worker.linear.quant import TYPES
+    from worker.linear.quant_module import quantize_linears
+    from worker.malloc import trim
+    qtype = TYPES[mode.upper()]
+    layers = {n: qtype.name for n in quantize_linears(model, qtype)}
+    gc.collect()
+    trim()
+    return layers
 
 
 def _why_float(checkpoint: dict, device, dtype, tp, architectures) -> str | None:
@@ -73,17 +90,6 @@ def _why_float(checkpoint: dict, device, dtype, tp, architectures) -> str | None
         return (f"blocks are read for {', '.join(sorted(architectures))} layouts, not "
                 f"{checkpoint.get('architecture')!r}")
     return None
-
-
-def _done(mode: str, layers: dict[str, str]) -> dict:
-    """Returns the freed float weights' pages to the system (the worker keeps its heap:
-    worker/malloc.py)."""
-    import gc
-
-    from worker.malloc import trim
-    gc.collect()
-    trim()
-    return {"mode": mode, "layers": layers}
 
 
 def settings(info: dict) -> dict:

@@ -27,6 +27,24 @@ def test_the_registry_model_is_checked_and_described():
     assert facts["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
 
 
+def test_the_index_reads_what_gguf_py_reads():
+    """worker/gguf_index.py against gguf-py's reader on the registry file: every tensor's
+    name, type, dims, place and size, and every scalar field."""
+    from gguf import GGUFReader
+
+    from worker.gguf_index import read_index
+    path = gguf_files.smollm2()
+    index, reader = read_index(path), GGUFReader(str(path))
+    assert [(t.name, t.type_name, t.dims, t.offset, t.n_bytes) for t in index.tensors] == [
+        (t.name, t.tensor_type.name, tuple(map(int, t.shape)), t.data_offset, t.n_bytes)
+        for t in reader.tensors]
+    quantized = [(a, b) for a, b in zip(index.tensors, reader.tensors) if a.type_name != "F32"]
+    assert all(a.byte_shape == b.data.shape for a, b in quantized)
+    scalars = {k: f.contents() for k, f in reader.fields.items()
+               if not k.startswith("GGUF.") and f.types[0].name != "ARRAY"}
+    assert index.fields == scalars and index.fields["general.architecture"] == "llama"
+
+
 @pytest.mark.parametrize("damage, words", [
     (lambda p: gguf_files.truncated(p, 50_000_000), "truncated"),
     (lambda p: gguf_files.truncated(p, 1000), "truncated"),

@@ -95,13 +95,18 @@ def test_serve_refuses_quantize_on_a_null_model_and_passes_the_flags():
 
 
 def test_a_quantized_file_of_a_layout_it_does_not_read_is_served_float(capsys):
-    from worker.quantized import apply
+    from worker.quantized import mode
     phi3 = {**GGUF_Q4, "architecture": "phi3"}
-    assert apply(torch.nn.Module(), phi3) == {"mode": "none", "layers": {}}
+    assert mode(phi3) == "none"
     assert "not 'phi3'" in capsys.readouterr().err
-    bf16 = {**GGUF_Q4, "architecture": "llama"}
-    assert apply(torch.nn.Module(), bf16, dtype="bfloat16")["mode"] == "none"
+    llama = {**GGUF_Q4, "architecture": "llama"}
+    assert mode(llama, dtype="bfloat16") == "none"
     assert "float32 with --tp 1" in capsys.readouterr().err
+    assert (mode(llama), mode(llama, dequantize=True), mode(GGUF_F16, "q4_0")) == (
+        "gguf", "none", "q4_0")
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ValueError, match="already quantized"):
+        mode(llama, "q8_0")
 
 
 def test_replay_loads_the_weights_the_log_names():
