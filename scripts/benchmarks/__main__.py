@@ -12,6 +12,7 @@ SUMMARY = {
     "forward": "worker-only decode speed: the paged runner against stock transformers",
     "invariant": "the cost of --batch-invariant on the mixed workload",
     "log": "what the step log costs the step loop, replay speed, bytes per token",
+    "memory": "the worker's resident memory: a quantized GGUF on its blocks against float32",
     "overhead": "where a step's time goes outside the model",
     "prefix": "the prefix cache on and off over shared-prefix workloads",
     "quality": "perplexity of a GGUF model: the engine, transformers and llama.cpp",
