@@ -3,6 +3,7 @@ model is a preset, a registry model (worker/registry_models.py), a GGUF file or 
 directory."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -84,7 +85,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     from worker import kv
     from worker.digest import weights_digest
     from worker import quantized
-    from worker.malloc import keep_heap
+    from worker.malloc import keep_heap, trim
     from worker.runner import ModelRunner
 
     keep_heap()
@@ -115,6 +116,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     runner.probe()
     if draft is not None:
         _attach_draft(runner, draft, device, dtype)
+    gc.collect()
+    trim()   # what the load freed goes back; the steps' heap is kept from here (malloc.py)
     return runner
 
 

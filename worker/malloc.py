@@ -4,7 +4,8 @@ By default glibc serves allocations over its mmap threshold with fresh mmaps and
 freed heap tops to the kernel; every step then page-faults its multi-MB tensors (the
 decode gather, the MLP activations) back in, zero-filled. On smol at 64 decodes of 300
 tokens this made a step take 463 ms instead of 235 ms. Raising the thresholds keeps those
-pages mapped; the heap grows to the step's peak and stays there.
+pages mapped; the heap grows to the step's peak and stays there. What a load frees is not a
+step's: `trim` hands it back once, when the load ends.
 """
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def keep_heap() -> bool:
 
 def trim() -> bool:
     """Hand the heap's free pages back to the system now (glibc's malloc_trim), whatever the
-    trim threshold keep_heap set: once, after load, when a model's float weights are freed."""
+    trim threshold keep_heap set: once, at the end of a load (worker/load.py), so that what
+    the load freed (float weights a quantized layer replaced, the probes', the fused layers'
+    and the decode graph's temporaries: 0-80 MB on smollm2, as the allocations happened to
+    fall) is not kept as if a step would need it."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.malloc_trim(0))

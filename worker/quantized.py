@@ -66,20 +66,14 @@ def mode(checkpoint: dict, quantize: str | None = None, dequantize: bool = False
 
 
 def quantize_float(model, mode: str) -> dict[str, str]:
-    """`--quantize`'s layers put in a float model ({module name: type}; none for "none"),
-    the float weights they replace handed back to the system (worker/malloc.py)."""
+    """`--quantize`'s layers put in a float model ({module name: type}; none for "none");
+    the float weights they replace go back to the system when the load ends (worker/load.py)."""
     if mode not in QUANTIZE:
         return {}
-    import gc
-
     from worker.linear.quant import TYPES
     from worker.linear.quant_module import quantize_linears
-    from worker.malloc import trim
     qtype = TYPES[mode.upper()]
-    layers = {n: qtype.name for n in quantize_linears(model, qtype)}
-    gc.collect()
-    trim()
-    return layers
+    return {n: qtype.name for n in quantize_linears(model, qtype)}
 
 
 def _why_float(checkpoint: dict, device, dtype, tp, architectures) -> str | None:
