@@ -78,7 +78,7 @@ def kind(doc: dict) -> str | None:
                       ("curve", "curve_cost_us_per_request")):
         if key in doc:
             return name
-    if doc.get("benchmark") in ("speculative", "overhead-compare"):
+    if doc.get("benchmark") in ("speculative", "overhead-compare", "memory"):
         return doc["benchmark"]
     if "shared_t0" in (doc.get("on") or {}):
         return "prefix"
@@ -153,6 +153,16 @@ def quality(doc: dict) -> str:
             f"{g['identical']} identical to llama-server's." if g else "")
     return (markdown(("scorer", "perplexity", "vs the engine"), rows)
             + f"\n\n{doc.get('tokens', '-')} tokens scored." + tail)
+
+
+def memory(doc: dict) -> str:
+    s = doc.get("summary") or {}
+    rows = [(mode, num(get(s, mode, "VmRSS"), ".0f"), num(get(s, mode, "VmHWM"), ".0f"),
+             num(get(s, mode, "RssAnon"), ".0f"), num(get(s, mode, "load_s"), ".1f"))
+            for mode in ("quantized", "dequantized")]
+    return (markdown(("worker weights", "VmRSS MB", "peak MB", "anonymous MB", "load s"), rows)
+            + f"\n\nQuantized / float32 resident: {num(s.get('ratio_rss'), '.3f')} "
+            "(goal 0.35).")
 
 
 def overhead(doc: dict) -> str:
@@ -354,4 +364,4 @@ def overhead_compare(doc: dict) -> str:
 TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
           "overhead-compare": overhead_compare, "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
           "whatif": whatif, "structured": structured, "curve": curve,
-          "speculative": speculative}
+          "speculative": speculative, "memory": memory}
