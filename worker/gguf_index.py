@@ -9,6 +9,7 @@ from the file into a buffer of the caller's, as the file stores them.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ class TensorInfo:
     def byte_shape(self) -> tuple[int, ...]:
         """The shape gguf-py gives the tensor's data: rows first, a row as its bytes."""
         rows = self.dims[::-1]
-        return (*rows[:-1], self.n_bytes // max(1, _product(rows[:-1])))
+        return (*rows[:-1], self.n_bytes // max(1, math.prod(rows[:-1])))
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class _Parser:
             qtype = GGMLQuantizationType(type_id)
             block, type_size = GGML_QUANT_SIZES[qtype]
             tensors.append(TensorInfo(name, qtype.name, dims, start + offset,
-                                      _product(dims) * type_size // block))
+                                      math.prod(dims) * type_size // block))
         return GgufIndex(fields, tuple(tensors), size)
 
     def _scalar(self, fmt: str):
@@ -131,9 +132,3 @@ class _Parser:
                 self._value(item)
         return None
 
-
-def _product(values) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out

@@ -72,7 +72,6 @@ def _row_ops(lib: torch.library.Library, row_ops) -> None:
     lib.impl("rms_norm", row_ops.rms_norm_kernel, "CompositeExplicitAutograd")
     lib.impl("add_rms_norm", row_ops.add_rms_norm_kernel, "CompositeExplicitAutograd")
     lib.impl("rope", row_ops.rope_kernel, "CompositeExplicitAutograd")
-    return lib
 
 
 class DecodeGraph:
