@@ -41,37 +41,39 @@ def ops() -> torch.library.Library:
     """`tl::packed_linear`, `tl::panel_linear`, `tl::row_linear`, `tl::quant_linear`,
     `tl::quant_embedding`, `tl::paged_decode`, `tl::kv_write` and the row ops, registered once
     per process (the Library must stay alive for them to stay registered: the cache holds
-    it)."""
-    from worker import native, row_ops
+    it). The hottest have C++ kernels where those build (worker/torch_ops.py), the others
+    (and those, elsewhere) the Python functions the eager forward calls."""
+    from worker import native, row_ops, torch_ops
     from worker.linear import dispatch, panels, quant_module
 
     lib = torch.library.Library("tl", "DEF")
-    lib.define("packed_linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
-    lib.define("panel_linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
-    lib.define("row_linear(Tensor x, Tensor w, Tensor? b, int tile) -> Tensor")
-    lib.define("quant_linear(Tensor x, Tensor blocks, Tensor? b, int qtype) -> Tensor")
-    lib.define("quant_embedding(Tensor ids, Tensor blocks, int qtype, int dim) -> Tensor")
-    lib.define("paged_decode(Tensor q, Tensor k, Tensor v, Tensor tables, Tensor ctx, "
-               "float scale) -> Tensor")
-    lib.impl("packed_linear", dispatch.packed_linear, "CompositeExplicitAutograd")
-    lib.impl("panel_linear", panels.panel_linear, "CompositeExplicitAutograd")
-    lib.impl("row_linear", dispatch.padded_linear, "CompositeExplicitAutograd")
-    lib.impl("quant_linear", quant_module.quant_linear, "CompositeExplicitAutograd")
-    lib.impl("quant_embedding", quant_module.quant_embedding, "CompositeExplicitAutograd")
-    lib.impl("paged_decode", native.kernel_decode, "CompositeExplicitAutograd")
-    lib.define("kv_write(Tensor(a!) cache, Tensor slots, Tensor k, Tensor v) -> ()")
-    lib.impl("kv_write", native.kernel_kv_write, "CompositeExplicitAutograd")
-    _row_ops(lib, row_ops)
+    for schema in SCHEMAS:
+        lib.define(schema)
+    cxx = torch_ops.OPS if torch_ops.register() else ()
+    kernels = {"packed_linear": dispatch.packed_linear, "panel_linear": panels.panel_linear,
+               "row_linear": dispatch.padded_linear, "quant_linear": quant_module.quant_linear,
+               "quant_embedding": quant_module.quant_embedding,
+               "paged_decode": native.kernel_decode, "kv_write": native.kernel_kv_write,
+               "rms_norm": row_ops.rms_norm_kernel, "add_rms_norm": row_ops.add_rms_norm_kernel,
+               "rope": row_ops.rope_kernel}
+    for name, fn in kernels.items():
+        if name not in cxx:
+            lib.impl(name, fn, "CompositeExplicitAutograd")
     return lib
 
 
-def _row_ops(lib: torch.library.Library, row_ops) -> None:
-    lib.define("rms_norm(Tensor x, Tensor w, float eps) -> Tensor")
-    lib.define("add_rms_norm(Tensor x, Tensor residual, Tensor w, float eps) -> (Tensor, Tensor)")
-    lib.define("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, int dim) -> (Tensor, Tensor)")
-    lib.impl("rms_norm", row_ops.rms_norm_kernel, "CompositeExplicitAutograd")
-    lib.impl("add_rms_norm", row_ops.add_rms_norm_kernel, "CompositeExplicitAutograd")
-    lib.impl("rope", row_ops.rope_kernel, "CompositeExplicitAutograd")
+SCHEMAS = (
+    "packed_linear(Tensor x, Tensor w, Tensor? b) -> Tensor",
+    "panel_linear(Tensor x, Tensor w, Tensor? b) -> Tensor",
+    "row_linear(Tensor x, Tensor w, Tensor? b, int tile) -> Tensor",
+    "quant_linear(Tensor x, Tensor blocks, Tensor? b, int qtype) -> Tensor",
+    "quant_embedding(Tensor ids, Tensor blocks, int qtype, int dim) -> Tensor",
+    "paged_decode(Tensor q, Tensor k, Tensor v, Tensor tables, Tensor ctx, float scale) -> Tensor",
+    "kv_write(Tensor(a!) cache, Tensor slots, Tensor k, Tensor v) -> ()",
+    "rms_norm(Tensor x, Tensor w, float eps) -> Tensor",
+    "add_rms_norm(Tensor x, Tensor residual, Tensor w, float eps) -> (Tensor, Tensor)",
+    "rope(Tensor q, Tensor k, Tensor cos, Tensor sin, int dim) -> (Tensor, Tensor)",
+)
 
 
 class DecodeGraph:

@@ -58,10 +58,10 @@ def load(source: Path, unavailable: str, extra: tuple[str, ...] = ()) -> ctypes.
         return None
 
 
-def build(source: Path, extra: tuple[str, ...] = ()) -> Path:
+def build(source: Path, extra: tuple[str, ...] = (), compiler: str | None = None) -> Path:
     """The shared library for `source` (a file of csrc/), these arguments, this compiler
-    and this CPU, compiled if missing."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    (default: the C compiler) and this CPU, compiled if missing."""
+    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     key = hashlib.blake2b(source.read_bytes(), digest_size=8)

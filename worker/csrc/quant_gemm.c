@@ -176,6 +176,10 @@ static inline void lanes_decode(int type, const uint8_t *blk, lanes *w0, lanes *
 }
 #endif
 
+#ifndef PF_TILES
+#define PF_TILES 2
+#endif
+
 static int block_bytes(int type) {
     return type == Q8_0 ? 34 : type == Q4_0 ? 18 : type == Q4_1 ? 20 : 0;
 }
@@ -194,7 +198,11 @@ tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w, int6
     for (int64_t i = 0; i < blocks; i++) {
         for (int c = 0; c < C; c++) {
             lanes w0, w1;
-            lanes_decode(type, w + c * ldw + i * bytes, &w0, &w1);
+            const uint8_t *blk = w + c * ldw + i * bytes;
+            /* a tile's rows are only k / 32 blocks long, too short for the hardware's
+             * stream prefetcher to start: fetch the same block two tiles ahead */
+            __builtin_prefetch(blk + PF_TILES * C * ldw);
+            lanes_decode(type, blk, &w0, &w1);
             for (int r = 0; r < R; r++) {
                 const float *xr = x + r * ldx + i * QK;
                 acc[r][c] = lanes_fma(lanes_load(xr), w0, acc[r][c]);

@@ -1,0 +1,71 @@
+"""The C++ kernels of the decode graph's hottest ops (worker/torch_ops.py, csrc/torch_ops.cpp):
+registered where the compilers are, and bit for bit what the Python kernels give on the same
+arguments (contiguous or not, with and without bias or residual, broadcast tables), with the
+same refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker import row_ops, torch_ops
+from worker.graph import ops
+from worker.linear import quant
+from worker.linear.quant_module import quant_linear
+from worker.linear.quantize import quantize
+
+
+@pytest.fixture(scope="module")
+def cxx():
+    ops()
+    if "torch_ops.cpp" not in torch._C._dispatch_dump("tl::quant_linear"):
+        pytest.skip("no C or C++ compiler: the graph's ops keep their Python kernels")
+    return torch.ops.tl
+
+
+def test_every_listed_op_has_the_cpp_kernel(cxx):
+    for name in torch_ops.OPS:
+        assert "torch_ops.cpp" in torch._C._dispatch_dump(f"tl::{name}"), name
+    assert "torch_ops.cpp" not in torch._C._dispatch_dump("tl::paged_decode")
+
+
+@pytest.mark.parametrize("qtype", [quant.Q8_0, quant.Q4_0, quant.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", [(1, 96), (5, 96), (2, 3, 96), (0, 96)])
+def test_quant_linear_equals_the_python_kernel(cxx, qtype, shape):
+    qw = quantize(torch.randn(37, 96), qtype)
+    x, b = torch.randn(shape), torch.randn(37)
+    for bias in (None, b):
+        want = quant_linear(x, qw.data, bias, qtype.ggml_id)
+        assert torch.equal(cxx.quant_linear(x, qw.data, bias, qtype.ggml_id), want)
+    t = torch.randn(96, 4).T   # not contiguous
+    assert torch.equal(cxx.quant_linear(t, qw.data, None, qtype.ggml_id),
+                       quant_linear(t, qw.data, None, qtype.ggml_id))
+
+
+def test_row_ops_equal_the_python_kernels(cxx):
+    x, r, w = torch.randn(3, 5, 64), torch.randn(3, 5, 64), torch.randn(64)
+    for a in (x, x.transpose(0, 1)):
+        assert torch.equal(cxx.rms_norm(a, w, 1e-5), row_ops.rms_norm_kernel(a, w, 1e-5))
+    got, want = cxx.add_rms_norm(x, r, w, 1e-6), row_ops.add_rms_norm_kernel(x, r, w, 1e-6)
+    assert all(torch.equal(g, h) for g, h in zip(got, want))
+    q, k = torch.randn(2, 7, 9 * 64), torch.randn(2, 7, 3 * 64)
+    cos, sin = torch.randn(2, 7, 64), torch.randn(2, 7, 64)
+    for c, s in ((cos, sin), (cos[:1], sin[:1])):   # broadcast over the batch
+        got, want = cxx.rope(q, k, c, s, 64), row_ops.rope_kernel(q, k, c, s, 64)
+        assert all(torch.equal(g, h) for g, h in zip(got, want))
+
+
+def test_the_same_refusals(cxx):
+    qw = quantize(torch.randn(4, 64), quant.Q4_1)
+    with pytest.raises(RuntimeError, match="float32"):
+        cxx.quant_linear(torch.randn(2, 64, dtype=torch.float64), qw.data, None, 3)
+    with pytest.raises(RuntimeError, match="RMSNorm weight"):
+        cxx.rms_norm(torch.randn(2, 64), torch.randn(32), 1e-5)
+    with pytest.raises(RuntimeError, match="residual"):
+        cxx.add_rms_norm(torch.randn(2, 64), torch.randn(3, 64), torch.randn(64), 1e-5)
+    with pytest.raises(RuntimeError, match="rotary"):
+        cxx.rope(torch.randn(2, 96), torch.randn(2, 64), torch.randn(2, 64), torch.randn(2, 64), 64)
+
+
+def test_off_with_tl_torch_ops_0(monkeypatch):
+    monkeypatch.setenv("TL_TORCH_OPS", "0")
+    assert not torch_ops.enabled() and not torch_ops.register()
