@@ -1,8 +1,9 @@
 """C++ kernels for the decode graph's hottest ops (csrc/torch_ops.cpp): a one-row step on
-smollm2 calls `tl::quant_linear` 121 times and the row ops 91 times, and a Python kernel
-costs the graph ~10 us a call to enter Python (~2 ms a step). A C++ kernel calls the same C
-function (csrc/quant_gemm.c, csrc/row_ops.c) on the same arguments, so the bits do not
-change; the eager forward keeps calling the Python kernels. Built once per torch version and CPU with the
+smollm2 calls `tl::quant_linear` 121 times, the row ops 91 times and the attention's two ops
+60 times, and a Python kernel costs the graph ~10 us a call to enter Python (~2.5 ms a
+step). A C++ kernel calls the same C function (csrc/quant_gemm.c, csrc/row_ops.c,
+csrc/paged_decode.c) on the same arguments, so the bits do not change; the eager forward
+keeps calling the Python kernels. Built once per torch version and CPU with the
 C++ compiler against torch's own headers (~10 s); without one, or with TL_NATIVE=0 or
 TL_TORCH_OPS=0, the Python kernels serve.
 """
@@ -20,7 +21,8 @@ import torch
 from worker import native
 
 SOURCE = Path(__file__).parent / "csrc" / "torch_ops.cpp"
-OPS = ("quant_linear", "rms_norm", "add_rms_norm", "rope")   # the ops it has kernels for
+# the ops it has kernels for
+OPS = ("quant_linear", "rms_norm", "add_rms_norm", "rope", "paged_decode", "kv_write")
 
 
 def enabled() -> bool:
@@ -35,8 +37,8 @@ def register() -> bool:
         return False
     from worker import row_ops
     from worker.linear import quant
-    quant_lib, rows_lib = quant.kernel(), row_ops.kernel()
-    if quant_lib is None or rows_lib is None:
+    quant_lib, rows_lib, attention_lib = quant.kernel(), row_ops.kernel(), native.kernel()
+    if quant_lib is None or rows_lib is None or attention_lib is None:
         return False
     try:   # loading registers the kernels (the library's static initializers)
         shim = ctypes.CDLL(str(_build()))
@@ -45,7 +47,8 @@ def register() -> bool:
               file=sys.stderr, flush=True)
         return False
     shim.tl_torch_ops_set(*(ctypes.cast(fn, ctypes.c_void_p) for fn in (
-        quant_lib.tl_quant_matmul, rows_lib.tl_rms_norm, rows_lib.tl_rope)))
+        quant_lib.tl_quant_matmul, rows_lib.tl_rms_norm, rows_lib.tl_rope,
+        attention_lib.tl_paged_decode, attention_lib.tl_kv_write)))
     return True
 
 

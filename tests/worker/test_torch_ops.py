@@ -4,6 +4,8 @@ arguments (contiguous or not, with and without bias or residual, broadcast table
 same refusals."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -17,15 +19,17 @@ from worker.linear.quantize import quantize
 @pytest.fixture(scope="module")
 def cxx():
     ops()
-    if "torch_ops.cpp" not in torch._C._dispatch_dump("tl::quant_linear"):
+    if shutil.which("c++") is None or quant.kernel() is None:
         pytest.skip("no C or C++ compiler: the graph's ops keep their Python kernels")
+    # with both compilers the C++ kernels must have built and registered
+    assert "torch_ops.cpp" in torch._C._dispatch_dump("tl::quant_linear")
     return torch.ops.tl
 
 
 def test_every_listed_op_has_the_cpp_kernel(cxx):
     for name in torch_ops.OPS:
         assert "torch_ops.cpp" in torch._C._dispatch_dump(f"tl::{name}"), name
-    assert "torch_ops.cpp" not in torch._C._dispatch_dump("tl::paged_decode")
+    assert "torch_ops.cpp" not in torch._C._dispatch_dump("tl::quant_embedding")
 
 
 @pytest.mark.parametrize("qtype", [quant.Q8_0, quant.Q4_0, quant.Q4_1], ids=lambda t: t.name)
@@ -69,3 +73,25 @@ def test_the_same_refusals(cxx):
 def test_off_with_tl_torch_ops_0(monkeypatch):
     monkeypatch.setenv("TL_TORCH_OPS", "0")
     assert not torch_ops.enabled() and not torch_ops.register()
+
+
+def test_attention_ops_equal_the_python_kernels(cxx):
+    from worker import native
+    g = torch.Generator().manual_seed(0)
+    pool = torch.randn(2, 12, 16, 3, 64, generator=g)          # [2, blocks, B, KVH, D]
+    q = torch.randn(4, 9, 64, generator=g)
+    tables = torch.tensor([[0, 3, 5], [1, 2, 0], [4, 0, 0], [6, 7, 8]])
+    ctx = torch.tensor([40, 20, 3, 48])
+    want = native.kernel_decode(q, pool[0], pool[1], tables, ctx, 0.125)
+    assert torch.equal(cxx.paged_decode(q, pool[0], pool[1], tables, ctx, 0.125), want)
+    k, v = torch.randn(3, 5, 64, generator=g), torch.randn(5, 3, 64, generator=g).transpose(0, 1)
+    slots = torch.tensor([0, 17, 33, 190, 5])
+    a, b = pool.clone(), pool.clone()
+    native.kernel_kv_write(a, slots, k, v)
+    cxx.kv_write(b, slots, k, v)
+    assert torch.equal(a, b) and not torch.equal(a, pool)
+    with pytest.raises(RuntimeError, match="outside the KV pool"):
+        cxx.kv_write(b, torch.tensor([0, 1, 2, 3, 12 * 16]), k, v)
+    assert torch.equal(a, b)   # nothing written
+    with pytest.raises(RuntimeError, match="for a pool of"):
+        cxx.kv_write(b, slots, k[:, :4], v)

@@ -1,11 +1,13 @@
 // The decode graph's hottest ops with C++ kernels (worker/torch_ops.py): an op whose kernel is
 // a Python function costs the graph ~10 us a call to enter Python, and a one-row step on
-// smollm2 makes ~210 such calls (121 quantized matmuls, 91 row ops). A kernel here does what
-// its Python one does (worker/linear/quant.py blocks_matmul, worker/row_ops.py) and calls the
-// same C function, which worker/torch_ops.py hands over by address once its library loads.
+// smollm2 makes ~270 such calls (121 quantized matmuls, 91 row ops, 60 for the attention). A
+// kernel here does what its Python one does (worker/linear/quant.py blocks_matmul,
+// worker/row_ops.py, worker/native.py) and calls the same C function, which
+// worker/torch_ops.py hands over by address once its library loads.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <cstdint>
@@ -130,12 +132,63 @@ std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor &q, const at::Tensor &k
     return {qo, ko};
 }
 
+typedef int (*decode_fn)(const float *, const float *, const float *, const void *, int64_t,
+                         const void *, int, int, int, int, int, float, float *, int);
+typedef int (*kv_write_fn)(float *, int64_t, int64_t, const void *, int64_t, const float *,
+                           const int64_t *, const float *, const int64_t *, int, int);
+decode_fn decode_rows = nullptr;
+kv_write_fn kv_write_rows = nullptr;
+
+// as worker/native.py kernel_decode
+at::Tensor paged_decode(const at::Tensor &q_, const at::Tensor &k, const at::Tensor &v,
+                        const at::Tensor &tables, const at::Tensor &ctx, double scale) {
+    TORCH_CHECK(decode_rows, "no decode kernel");
+    at::Tensor q = q_.contiguous();
+    const int64_t n = q.size(0), heads = q.size(1), dim = q.size(2);
+    const int64_t kv_heads = k.size(2), block = k.size(1);
+    at::Tensor out = at::empty_like(q);
+    int rc = decode_rows(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                         tables.data_ptr(), tables.stride(0), ctx.data_ptr(), (int)n, (int)kv_heads,
+                         (int)(heads / kv_heads), (int)dim, (int)block, (float)scale,
+                         out.data_ptr<float>(), at::get_num_threads());
+    TORCH_CHECK(rc != -2, "native decode attention takes no head dim ", dim, " with ",
+                heads / kv_heads, " query heads per KV head");
+    TORCH_CHECK(rc == 0, "native decode attention could not allocate its scratch");
+    return out;
+}
+
+at::Tensor unit_last(const at::Tensor &x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
+
+// as worker/native.py kernel_kv_write
+void kv_write(const at::Tensor &cache, const at::Tensor &slots, const at::Tensor &k_,
+              const at::Tensor &v_) {
+    TORCH_CHECK(kv_write_rows, "no KV write kernel");
+    const int64_t heads = k_.size(0), tokens = k_.size(1), dim = k_.size(2);
+    const bool fits = v_.sizes() == k_.sizes() && cache.is_contiguous() &&
+                      cache.size(-2) == heads && cache.size(-1) == dim &&
+                      k_.scalar_type() == at::kFloat && v_.scalar_type() == at::kFloat &&
+                      cache.scalar_type() == at::kFloat && slots.scalar_type() == at::kLong &&
+                      slots.dim() == 1 && slots.size(0) == tokens;
+    TORCH_CHECK(fits, "keys ", k_.sizes(), " and values ", v_.sizes(), " for a pool of ",
+                cache.sizes(), " at ", slots.sizes(), " slots");
+    at::Tensor k = unit_last(k_), v = unit_last(v_), s = slots.contiguous();
+    const int64_t ks[2] = {k.stride(0), k.stride(1)}, vs[2] = {v.stride(0), v.stride(1)};
+    const int64_t half = cache.numel() / cache.size(0);
+    int rc = kv_write_rows(cache.data_ptr<float>(), half, half / (heads * dim), s.data_ptr(),
+                           tokens, k.data_ptr<float>(), ks, v.data_ptr<float>(), vs,
+                           (int)heads, (int)dim);
+    TORCH_CHECK(rc == 0, "slot_mapping points outside the KV pool");
+}
+
 }  // namespace
 
-extern "C" void tl_torch_ops_set(void *quant, void *norm, void *rope) {
+extern "C" void tl_torch_ops_set(void *quant, void *norm, void *rope, void *decode,
+                                 void *kv_write) {
     quant_matmul = (quant_fn)quant;
     rms_norm_rows = (norm_fn)norm;
     rope_rows = (rope_fn)rope;
+    decode_rows = (decode_fn)decode;
+    kv_write_rows = (kv_write_fn)kv_write;
 }
 
 // The ops whose kernel it has (worker/torch_ops.py registers them only once every C
@@ -145,4 +198,6 @@ TORCH_LIBRARY_IMPL(tl, CompositeExplicitAutograd, m) {
     m.impl("rms_norm", TORCH_FN(rms_norm));
     m.impl("add_rms_norm", TORCH_FN(add_rms_norm));
     m.impl("rope", TORCH_FN(rope));
+    m.impl("paged_decode", TORCH_FN(paged_decode));
+    m.impl("kv_write", TORCH_FN(kv_write));
 }
