@@ -179,7 +179,7 @@ def _draft_rows(doc: dict) -> list[tuple]:
 
 
 HEADLINE = (("compare-llamacpp.json", _llamacpp_rows),
-            ("compare-llamacpp-q4_1-c1.json", _llamacpp_file_rows),
+            ("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
             ("compare-llamacpp-q8_0.json", _llamacpp_file_rows),
             ("compare-smol.json", _transformers_rows),
             ("quality.json", _quality_rows), ("overhead.json", _overhead_rows),
