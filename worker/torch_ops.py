@@ -52,8 +52,13 @@ def register() -> bool:
     return True
 
 
+def compiler() -> str | None:
+    """The C++ compiler the kernels are built with: $CXX, else c++ or g++ on PATH."""
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
 def _build() -> Path:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (c++) on PATH")
     root = Path(torch.__file__).parent

@@ -35,14 +35,16 @@ INLINE const float *block_rows(const float *pool, const int64_t *table, int64_t 
 }
 
 /* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one
- * coming: ask for a block's rows (this head's part of each) one block ahead. */
+ * coming: ask for a block's rows (this head's part of each) one block ahead, into L2
+ * (prefetcht1). Into L1, the block's 64 requests queued behind the loads' own misses: 64
+ * decodes at context 400 read the pool at 18 GB/s on 2 threads, and at 27 this way. */
 INLINE void prefetch_next(const float *pool, const int64_t *table, int64_t b, int64_t t0,
                           int64_t ctx, int bs, int64_t row, int dv) {
     if (t0 + bs >= ctx) return;
     const float *blk = block_rows(pool, table, b + 1, bs, row);
     const int64_t len = ctx - t0 - bs < bs ? ctx - t0 - bs : bs;
     for (int64_t p = 0; p < len; p++)
-        for (int j = 0; j < dv; j++) __builtin_prefetch(blk + p * row + 16 * j, 0, 3);
+        for (int j = 0; j < dv; j++) __builtin_prefetch(blk + p * row + 16 * j, 0, 2);
 }
 
 /* One step of a walk along a table: the rows of block b (positions t0 = b * bs onwards),
