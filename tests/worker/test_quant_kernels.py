@@ -142,11 +142,13 @@ def lib():
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_a_rows_result_does_not_depend_on_the_batch(lib, qtype):
-    qw, x = quantize(weight(37, 128), qtype), rows(300, 128)
-    alone = torch.cat([quant.matmul(x[i:i + 1], qw) for i in range(len(x))])
-    for m in (2, 3, 4, 5, 11, 31, 33, 64, 300):
-        assert torch.equal(quant.matmul(x[:m], qw), alone[:m]), m
-    assert torch.equal(quant.matmul(x[7:19], qw), alone[7:19])
+    # 101 columns: two of the kernel's 48-column decoded chunks and a ragged third; from 16
+    # rows on, the call multiplies decoded weights (quant_gemm.c, PRE_ROWS)
+    qw, x, b = quantize(weight(101, 128), qtype), rows(300, 128), torch.randn(101)
+    alone = torch.cat([quant.matmul(x[i:i + 1], qw, b) for i in range(len(x))])
+    for m in (2, 3, 4, 5, 11, 15, 16, 17, 31, 33, 64, 300):
+        assert torch.equal(quant.matmul(x[:m], qw, b), alone[:m]), m
+    assert torch.equal(quant.matmul(x[7:19], qw, b), alone[7:19])
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -165,10 +167,12 @@ def test_every_instruction_set_sums_in_the_same_order(lib, flags, isa):
     if isa == "avx2" and "avx2" not in native.cpu_flags().split():
         isa = "scalar"
     assert quant.isa(other) == isa
-    x, b = rows(6, 96), torch.randn(35)
+    x, b = rows(20, 96), torch.randn(53)
     for qtype in TYPES:
-        qw = quantize(weight(35, 96), qtype)
-        assert torch.equal(quant.matmul(x, qw, b, lib=other), quant.matmul(x, qw, b, lib=lib))
+        qw = quantize(weight(53, 96), qtype)
+        for m in (6, 20):                        # tiles that decode; decoded weights
+            assert torch.equal(quant.matmul(x[:m], qw, b, lib=other),
+                               quant.matmul(x[:m], qw, b, lib=lib)), (qtype.name, m)
 
 
 def test_wrong_inputs_are_refused_not_misread():

@@ -19,6 +19,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -62,6 +63,7 @@ static inline float half_to_float(const uint8_t *p) {
 typedef __m512 lanes;
 static inline lanes lanes_zero(void) { return _mm512_setzero_ps(); }
 static inline lanes lanes_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void lanes_store(float *p, lanes a) { _mm512_storeu_ps(p, a); }
 static inline lanes lanes_fma(lanes x, lanes w, lanes a) { return _mm512_fmadd_ps(x, w, a); }
 static inline float lanes_sum(lanes a) {
     __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a),
@@ -250,6 +252,113 @@ static tile_fn big_tile(int type) {
 #endif
 }
 
+#if defined(__AVX512F__)
+/* A call of PRE_ROWS rows or more decodes each weight once, NC columns at a time, into
+ * floats that stay in L2 (NC x k x 4 bytes), and multiplies them in PR x PC tiles. The
+ * tiles above read one operand of every multiply-add from L1 (x, or the decoded weights),
+ * which is as many 64-byte loads as multiply-adds: bound by L1's bandwidth at ~65% of the
+ * FMA peak. Here a half block's PC weight vectors and each row's x vector are loaded once
+ * into registers (the empty asm keeps the compiler from folding them back into memory
+ * operands): 10 loads for 24 multiply-adds, ~30% more work a second at 64-512 rows. Every
+ * output is still summed in the order at the head of this file: the bits are the same. */
+#define PRE_ROWS 16
+#define NC 48                                /* a multiple of PC */
+#define PR 4
+#define PC 6                                 /* 24 accumulators, 6 weights, 1 x: 31 */
+
+static inline __attribute__((always_inline)) lanes in_register(lanes v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+static inline __attribute__((always_inline)) void
+decoded_tile(int R, int C, const float *x, int64_t k, const float *w, const float *b,
+             float *y, int64_t ldy) {
+    lanes acc[PR][PC];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = lanes_zero();
+    for (int64_t j = 0; j < k; j += 16) {    /* half blocks: lanes 0-15, then 16-31 */
+        lanes wv[PC];
+        for (int c = 0; c < C; c++) wv[c] = in_register(lanes_load(w + c * k + j));
+        for (int r = 0; r < R; r++) {
+            lanes xv = in_register(lanes_load(x + r * k + j));
+            for (int c = 0; c < C; c++) acc[r][c] = lanes_fma(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float s = lanes_sum(acc[r][c]);
+            if (b) s += b[c];
+            y[r * ldy + c] = s;
+        }
+}
+
+typedef void (*decoded_fn)(const float *, int64_t, const float *, const float *, float *,
+                           int64_t);
+#define DTILE(R, C)                                                                        \
+    static void decoded_##R##_##C(const float *x, int64_t k, const float *w,              \
+                                  const float *b, float *y, int64_t ldy) {                \
+        decoded_tile(R, C, x, k, w, b, y, ldy);                                            \
+    }
+#define DTILES(R) DTILE(R, 1) DTILE(R, 2) DTILE(R, 3) DTILE(R, 4) DTILE(R, 5) DTILE(R, 6)
+DTILES(1) DTILES(2) DTILES(3) DTILES(4)
+#define DROW(R) {decoded_##R##_1, decoded_##R##_2, decoded_##R##_3, decoded_##R##_4,       \
+                 decoded_##R##_5, decoded_##R##_6}
+static const decoded_fn DECODED[PR][PC] = {DROW(1), DROW(2), DROW(3), DROW(4)};
+
+/* The `cols` weight rows of `type` at w (stride ldw bytes) decoded into out [cols][k]. */
+static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
+                        int64_t cols, float *out) {
+    const int bytes = block_bytes(type);
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t i = 0; i < blocks; i++) {
+            lanes w0, w1;
+            lanes_decode(type, w + c * ldw + i * bytes, &w0, &w1);
+            lanes_store(out + (c * blocks + i) * QK, w0);
+            lanes_store(out + (c * blocks + i) * QK + 16, w1);
+        }
+}
+
+/* y[:, 0:cols] (row stride n) from x [m][k] and `cols` decoded weight rows wf [cols][k]:
+ * rows outer, so a tile's rows of x are read from L1 across the columns. */
+static void decoded_strip(const float *x, int64_t m, int64_t k, const float *wf,
+                          int64_t cols, const float *b, float *y, int64_t n) {
+    for (int64_t r0 = 0; r0 < m; r0 += PR) {
+        int nr = m - r0 < PR ? (int)(m - r0) : PR;
+        for (int64_t c0 = 0; c0 < cols; c0 += PC) {
+            int nc = cols - c0 < PC ? (int)(cols - c0) : PC;
+            DECODED[nr - 1][nc - 1](x + r0 * k, k, wf + c0 * k, b ? b + c0 : 0,
+                                    y + r0 * n + c0, n);
+        }
+    }
+}
+
+/* tl_quant_matmul's path for m >= PRE_ROWS: 0, or -1 where scratch memory was short
+ * (nothing written then). */
+static int decoded_matmul(const float *x, const uint8_t *w, int type, const float *b,
+                          float *y, int64_t m, int64_t k, int64_t n, int threads) {
+    const int64_t blocks = k / QK, ldw = blocks * block_bytes(type);
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) reduction(|:failed)
+    {
+        float *buf = aligned_alloc(64, NC * k * sizeof(float));
+        failed = buf == NULL;
+        #pragma omp for schedule(static)
+        for (int64_t n0 = 0; n0 < n; n0 += NC) {
+            if (buf == NULL) continue;
+            int64_t cols = n - n0 < NC ? n - n0 : NC;
+            decode_rows(type, w + n0 * ldw, ldw, blocks, cols, buf);
+            decoded_strip(x, m, k, buf, cols, b ? b + n0 : 0, y + n0, n);
+        }
+        free(buf);
+    }
+    return failed ? -1 : 0;
+}
+#define HAS_DECODED 1
+#else
+#define HAS_DECODED 0
+#endif
+
 /* x [m][k], w [n][k] in `type`'s blocks, b [n] or NULL -> y [m][n]. 0, or -1 for a type
  * it does not know or k not a multiple of 32. */
 int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, float *y,
@@ -257,6 +366,9 @@ int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, 
     const tile_fn (*table)[4] = type == Q4_0 ? TILES_Q4_0 : type == Q4_1 ? TILES_Q4_1
                               : type == Q8_0 ? TILES_Q8_0 : 0;
     if (!table || k % QK) return -1;
+#if HAS_DECODED
+    if (m >= PRE_ROWS && decoded_matmul(x, w, type, b, y, m, k, n, threads) == 0) return 0;
+#endif
     const int64_t blocks = k / QK, ldw = blocks * block_bytes(type);
     const tile_fn big = m >= BR ? big_tile(type) : 0;
     const int64_t step = big ? BC : NT, big_rows = big ? m / BR * BR : 0;
