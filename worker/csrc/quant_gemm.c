@@ -333,8 +333,8 @@ static void decoded_strip(const float *x, int64_t m, int64_t k, const float *wf,
     }
 }
 
-/* tl_quant_matmul's path for m >= PRE_ROWS: 0, or -1 where scratch memory was short
- * (nothing written then). */
+/* tl_quant_matmul's path for m >= PRE_ROWS: 0, or -1 where a thread's scratch memory was
+ * short (the caller then computes every output again with the tiles that decode). */
 static int decoded_matmul(const float *x, const uint8_t *w, int type, const float *b,
                           float *y, int64_t m, int64_t k, int64_t n, int threads) {
     const int64_t blocks = k / QK, ldw = blocks * block_bytes(type);
