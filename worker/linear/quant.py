@@ -112,9 +112,11 @@ def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
     if rows and out:
-        lib.tl_quant_matmul(x.data_ptr(), data.data_ptr(), ggml_id,
-                            None if bias is None else bias.data_ptr(), y.data_ptr(),
-                            rows, k, out, torch.get_num_threads())
+        rc = lib.tl_quant_matmul(x.data_ptr(), data.data_ptr(), ggml_id,
+                                 None if bias is None else bias.data_ptr(), y.data_ptr(),
+                                 rows, k, out, torch.get_num_threads())
+        if rc != 0:   # y was not written: refuse, as the C++ kernel does (csrc/torch_ops.cpp)
+            raise ValueError(f"quantized kernel refused type {ggml_id} [{out}, {k}] ({rc})")
     return y
 
 
