@@ -1,6 +1,7 @@
 """One fresh process of `scripts/bench memory`: makes the runner as the worker does
 (worker/load.py make_runner), runs a short prompt and a few decode steps, and prints one JSON
-line of its memory read from /proc/self/status.
+line of its memory read from /proc/self/status: once the modules a load imports are
+imported (`imported`: the runtime, no model byte yet), once loaded, and after the steps.
 
     python -P scripts/benchmarks/_memory_child.py MODEL NUM_BLOCKS STEPS [--dequantize]
 
@@ -9,12 +10,16 @@ checkout's worker (the parent's --checkout).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
 
 PROMPT = 16   # tokens prefilled before the decode steps
 FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+# what make_runner imports on the way, before it reads a weight
+RUNTIME = ("torch", "transformers", "transformers.modeling_utils", "worker.load",
+           "worker.runner", "worker.handmade")
 
 
 def status() -> dict[str, float]:
@@ -32,6 +37,9 @@ def main(argv: list[str]) -> int:
     model, num_blocks, steps = argv[0], int(argv[1]), int(argv[2])
     dequantize = "--dequantize" in argv[3:]
     t0 = time.perf_counter()
+    for name in RUNTIME:
+        importlib.import_module(name)
+    imported = status()
     from worker.handmade import blocks_needed, generate_alone
     from worker.load import make_runner
     runner = make_runner(model, num_blocks=num_blocks, batch_invariant=None,
@@ -42,7 +50,7 @@ def main(argv: list[str]) -> int:
     table = list(range(blocks_needed(PROMPT + steps, bs)))
     prompt = [(7 * i + 1) % runner.info.vocab_size for i in range(PROMPT)]
     tokens = generate_alone(runner, prompt, steps, table)
-    print(json.dumps({"dequantize": dequantize, "loaded": loaded, "after_steps": status(),
+    print(json.dumps({"dequantize": dequantize, "imported": imported, "loaded": loaded, "after_steps": status(),
                       "load_s": load_s, "modules": len(sys.modules), "tokens": tokens,
                       "quantization": runner.info.quantization["mode"],
                       "num_blocks": runner.info.num_blocks}))

@@ -158,11 +158,14 @@ def quality(doc: dict) -> str:
 def memory(doc: dict) -> str:
     s = doc.get("summary") or {}
     rows = [(mode, num(get(s, mode, "VmRSS"), ".0f"), num(get(s, mode, "VmHWM"), ".0f"),
-             num(get(s, mode, "RssAnon"), ".0f"), num(get(s, mode, "load_s"), ".1f"))
+             num(get(s, mode, "RssAnon"), ".0f"), num(get(s, mode, "runtime"), ".0f"),
+             num(get(s, mode, "model"), ".0f"), num(get(s, mode, "load_s"), ".1f"))
             for mode in ("quantized", "dequantized")]
-    return (markdown(("worker weights", "VmRSS MB", "peak MB", "anonymous MB", "load s"), rows)
+    return (markdown(("worker weights", "VmRSS MB", "peak MB", "anonymous MB",
+                      "runtime MB", "model MB", "load s"), rows)
             + f"\n\nQuantized / float32 resident: {num(s.get('ratio_rss'), '.3f')} "
-            "(goal 0.35).")
+            f"(goal 0.35); of what the model adds to the runtime (VmRSS less the runtime's): "
+            f"{num(s.get('ratio_model'), '.3f')}.")
 
 
 def overhead(doc: dict) -> str:

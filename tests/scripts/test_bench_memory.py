@@ -24,4 +24,6 @@ def test_bench_memory_tiny(tmp_path):
         assert run["dequantize"] is flag and run["quantization"] == "none"
         assert run["num_blocks"] == 8 and len(run["tokens"]) == 2
         assert 50 < run["after_steps"]["VmRSS"] <= run["after_steps"]["VmHWM"]
+        assert 50 < run["imported"]["VmRSS"] < run["after_steps"]["VmRSS"]
     assert 0.5 < doc["summary"]["ratio_rss"] < 2
+    assert doc["summary"]["ratio_model"] > 0

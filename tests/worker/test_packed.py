@@ -4,6 +4,8 @@ fused member handed another tensor still answers exactly, and a packed runner ge
 what the dense one does."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -79,6 +81,33 @@ def test_runner_packs_every_linear_and_keeps_the_embedding(runners):
     assert not any(dispatch.is_packed(m.weight) for m in dense.model.modules()
                    if isinstance(m, nn.Linear))
     assert isinstance(fast.model.get_input_embeddings().weight, nn.Parameter)
+
+
+def file_maps() -> list[tuple[int, int]]:
+    """The address ranges of the checkpoint files mapped into this process."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 5 and fields[5].endswith(".safetensors"):
+                lo, hi = (int(a, 16) for a in fields[0].split("-"))
+                spans.append((lo, hi))
+    return spans
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="no /proc here")
+def test_packed_runner_keeps_nothing_in_the_checkpoint_map(runners):
+    """Its embedding and norms live in memory of their own, so the map of the file, which
+    holds the float weights the packing replaced, is not kept resident (packed.own_the_rest).
+    The dense runner's weights are the control: they are views of the map."""
+    dense, fast = runners
+    spans = file_maps()
+
+    def mapped(model) -> list[str]:
+        return [name for name, p in model.named_parameters()
+                if any(lo <= p.data_ptr() < hi for lo, hi in spans)]
+    assert mapped(dense.model), "the control: transformers no longer maps the checkpoint"
+    assert mapped(fast.model) == []
 
 
 def assert_generates_alike(reference, runner, prompt: list[int]) -> None:

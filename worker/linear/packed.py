@@ -152,7 +152,19 @@ def pack(model, groups: list[list[nn.Linear]],
             weights.append(fused.weight)
             for i, mod in enumerate(group):
                 _swap(mod, None, lambda x, i=i, f=fused: f.take(i, x))
+    own_the_rest(model)
     return weights
+
+
+def own_the_rest(model) -> None:
+    """Copy the weights the packing left dense (embeddings, norms, biases) into memory of
+    their own. transformers maps a safetensors checkpoint into memory and its tensors are
+    views of that one map: while one of them lives, every page of the file the load read stays
+    resident, the float weights the packed copies replaced included (400 of smollm2's 513 MB).
+    The same Parameter objects are kept, so tied weights stay tied."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()
 
 
 def _pack_one(mod: nn.Linear, plan) -> torch.Tensor:
