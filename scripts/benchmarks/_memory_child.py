@@ -50,8 +50,8 @@ def main(argv: list[str]) -> int:
     table = list(range(blocks_needed(PROMPT + steps, bs)))
     prompt = [(7 * i + 1) % runner.info.vocab_size for i in range(PROMPT)]
     tokens = generate_alone(runner, prompt, steps, table)
-    print(json.dumps({"dequantize": dequantize, "imported": imported, "loaded": loaded, "after_steps": status(),
-                      "load_s": load_s, "modules": len(sys.modules), "tokens": tokens,
+    print(json.dumps({"dequantize": dequantize, "imported": imported, "loaded": loaded,
+                      "after_steps": status(), "load_s": load_s, "modules": len(sys.modules), "tokens": tokens,
                       "quantization": runner.info.quantization["mode"],
                       "num_blocks": runner.info.num_blocks}))
     return 0
