@@ -43,6 +43,14 @@ class Detokenizer:
         self._prefix = 0            # start of the decoding window
         self._read = len(tail)      # ids before this have had their text emitted
 
+    @classmethod
+    def resume(cls, decode: Decode, given: Sequence[int], held: Sequence[int]) -> "Detokenizer":
+        """One whose last text was that of `given` (from the ids before them) and which
+        holds `held` back since: where a StreamDetokenizer stood."""
+        d = cls(decode)
+        d._ids, d._read = [*given, *held], len(given)
+        return d
+
     def push(self, new_ids: Sequence[int]) -> str:
         """The text that `new_ids` complete; may be "" while a character is incomplete."""
         if not new_ids:
@@ -82,6 +90,7 @@ class StreamDetokenizer:
         self._stream = DecodeStream(ids=tail, skip_special_tokens=skip_special_tokens)
         self._held: list[int] = []
         self._last: list[int] = tail   # the ids of the last text given
+        self._window: Detokenizer | None = None   # where DecodeStream gave up
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=self._skip)
@@ -90,7 +99,14 @@ class StreamDetokenizer:
         if not new_ids:
             return ""
         ids = list(new_ids)
-        text = self._stream.step(self._tok, ids)
+        if self._window is not None:
+            return self._window.push(ids)
+        try:
+            text = self._stream.step(self._tok, ids)
+        except Exception:   # tokenizers' own type: a later id changed the text of ids given
+            # (bytes that were no character become one); the window takes it from here
+            self._window = Detokenizer.resume(self._decode, self._last, self._held)
+            return self._window.push(ids)
         if text is None:
             self._held += ids
             return ""
@@ -99,6 +115,8 @@ class StreamDetokenizer:
         return text
 
     def flush(self) -> str:
+        if self._window is not None:
+            return self._window.flush()
         if not self._held:
             return ""
         before, ids = self._decode(self._last), self._last + self._held

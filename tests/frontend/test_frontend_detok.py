@@ -1,7 +1,7 @@
 """Incremental detokenization equals a full decode, step by step, characters never split."""
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from frontend.detok import Detokenizer
@@ -157,6 +157,8 @@ def llama_like_tokenizer():
 @settings(max_examples=300, deadline=None)
 @given(prompt=st.lists(st.integers(0, 10), max_size=8), out=st.lists(st.integers(0, 10), max_size=14),
        cuts=st.lists(st.integers(0, 100), max_size=8), skip=st.booleans())
+# DecodeStream raises here: "<0xE2><0x82>" then "<0xE2>" and <unk> changes the text it gave
+@example(prompt=[], out=[0, 0, 0, 0, 0, 7, 8, 8, 7, 0, 0, 0, 0, 0], cuts=[23], skip=False)
 def test_the_streaming_decoder_keeps_context_like_the_window(prompt, out, cuts, skip):
     """Held-back ids at the end (an incomplete character after a "▁") flush with the ids
     before them, as the window does: decoded alone they would lose the space."""
