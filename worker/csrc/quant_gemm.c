@@ -105,6 +105,10 @@ static inline lanes lanes_zero(void) { return (lanes){_mm256_setzero_ps(), _mm25
 static inline lanes lanes_load(const float *p) {
     return (lanes){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
 }
+static inline void lanes_store(float *p, lanes a) {
+    _mm256_storeu_ps(p, a.a);
+    _mm256_storeu_ps(p + 8, a.b);
+}
 static inline lanes lanes_fma(lanes x, lanes w, lanes a) {
     return (lanes){_mm256_fmadd_ps(x.a, w.a, a.a), _mm256_fmadd_ps(x.b, w.b, a.b)};
 }
@@ -252,17 +256,19 @@ static tile_fn big_tile(int type) {
 #endif
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 /* A call of PRE_ROWS rows or more decodes each weight once, NC columns at a time, into
  * floats that stay in L2 (NC x k x 4 bytes), and multiplies them in PR x PC tiles. The
- * tiles above read one operand of every multiply-add from L1 (x, or the decoded weights),
- * which is as many 64-byte loads as multiply-adds: bound by L1's bandwidth at ~65% of the
- * FMA peak. Here a half block's PC weight vectors and each row's x vector are loaded once
- * into registers (the empty asm keeps the compiler from folding them back into memory
- * operands): 10 loads for 24 multiply-adds, ~30% more work a second at 64-512 rows. Every
- * output is still summed in the order at the head of this file: the bits are the same. */
-#define PRE_ROWS 16
+ * tiles above decode a block once per tile of rows they run (on AVX2, 2 rows: a 64-row call
+ * decodes every block 32 times), and read one operand of every multiply-add from L1 (x, or
+ * the decoded weights), as many loads as multiply-adds: on AVX-512 bound by L1's bandwidth
+ * at ~65% of the FMA peak. Here a half block's PC weight vectors and each row's x vector are
+ * loaded once into registers (the empty asm keeps the compiler from folding them back into
+ * memory operands). Every output is still summed in the order at the head of this file: the
+ * bits are the same. */
 #define NC 48                                /* a multiple of PC */
+#if defined(__AVX512F__)
+#define PRE_ROWS 16
 #define PR 4
 #define PC 6                                 /* 24 accumulators, 6 weights, 1 x: 31 */
 
@@ -271,6 +277,7 @@ static inline __attribute__((always_inline)) lanes in_register(lanes v) {
     return v;
 }
 
+/* 10 loads for 24 multiply-adds: ~30% more work a second than the tiles at 64-512 rows */
 static inline __attribute__((always_inline)) void
 decoded_tile(int R, int C, const float *x, int64_t k, const float *w, const float *b,
              float *y, int64_t ldy) {
@@ -292,6 +299,55 @@ decoded_tile(int R, int C, const float *x, int64_t k, const float *w, const floa
             y[r * ldy + c] = s;
         }
 }
+#define DTILES(R) DTILE(R, 1) DTILE(R, 2) DTILE(R, 3) DTILE(R, 4) DTILE(R, 5) DTILE(R, 6)
+#define DROW(R) {decoded_##R##_1, decoded_##R##_2, decoded_##R##_3, decoded_##R##_4,       \
+                 decoded_##R##_5, decoded_##R##_6}
+#define DROWS {DROW(1), DROW(2), DROW(3), DROW(4)}
+#else
+#define PRE_ROWS 6                           /* measured: 0.74x the tiles' time at 6 rows */
+#define PR 3
+#define PC 2                                 /* 12 accumulators, 2 weights, 1 x: 15 of 16 */
+
+static inline __attribute__((always_inline)) __m256 in_register(__m256 v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+/* One eighth of a block (8 lanes) of x's R rows by C decoded weight rows, into acc. */
+static inline __attribute__((always_inline)) void
+eighth(int R, int C, const float *x, int64_t k, const float *w, __m256 acc[PR][PC]) {
+    __m256 wv[PC];
+    for (int c = 0; c < C; c++) wv[c] = in_register(_mm256_loadu_ps(w + c * k));
+    for (int r = 0; r < R; r++) {
+        __m256 xv = in_register(_mm256_loadu_ps(x + r * k));
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+}
+
+/* A lane's sum runs over its half blocks in order as above; lanes 0-7 are lo's, 8-15 hi's,
+ * the two halves of a 16-lane accumulator, so that a tile's accumulators fit the 16
+ * registers: 5 loads for 6 multiply-adds. */
+static inline __attribute__((always_inline)) void
+decoded_tile(int R, int C, const float *x, int64_t k, const float *w, const float *b,
+             float *y, int64_t ldy) {
+    __m256 lo[PR][PC], hi[PR][PC];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < k; j += 16) {    /* half blocks */
+        eighth(R, C, x + j, k, w + j, lo);
+        eighth(R, C, x + j + 8, k, w + j + 8, hi);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float s = lanes_sum((lanes){lo[r][c], hi[r][c]});
+            if (b) s += b[c];
+            y[r * ldy + c] = s;
+        }
+}
+#define DTILES(R) DTILE(R, 1) DTILE(R, 2)
+#define DROW(R) {decoded_##R##_1, decoded_##R##_2}
+#define DROWS {DROW(1), DROW(2), DROW(3)}
+#endif
 
 typedef void (*decoded_fn)(const float *, int64_t, const float *, const float *, float *,
                            int64_t);
@@ -300,11 +356,11 @@ typedef void (*decoded_fn)(const float *, int64_t, const float *, const float *,
                                   const float *b, float *y, int64_t ldy) {                \
         decoded_tile(R, C, x, k, w, b, y, ldy);                                            \
     }
-#define DTILES(R) DTILE(R, 1) DTILE(R, 2) DTILE(R, 3) DTILE(R, 4) DTILE(R, 5) DTILE(R, 6)
-DTILES(1) DTILES(2) DTILES(3) DTILES(4)
-#define DROW(R) {decoded_##R##_1, decoded_##R##_2, decoded_##R##_3, decoded_##R##_4,       \
-                 decoded_##R##_5, decoded_##R##_6}
-static const decoded_fn DECODED[PR][PC] = {DROW(1), DROW(2), DROW(3), DROW(4)};
+DTILES(1) DTILES(2) DTILES(3)
+#if PR == 4
+DTILES(4)
+#endif
+static const decoded_fn DECODED[PR][PC] = DROWS;
 
 /* The `cols` weight rows of `type` at w (stride ldw bytes) decoded into out [cols][k]. */
 static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
@@ -371,7 +427,7 @@ int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, 
 #endif
     const int64_t blocks = k / QK, ldw = blocks * block_bytes(type);
     const tile_fn big = m >= BR ? big_tile(type) : 0;
-    const int64_t step = big ? BC : NT, big_rows = big ? m / BR * BR : 0;
+    const int64_t step = big ? BC : NT, big_rows = big ? m - m % (BR ? BR : 1) : 0;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n0 = 0; n0 < n; n0 += step) {
         int cols = n - n0 < step ? (int)(n - n0) : (int)step;
