@@ -33,9 +33,13 @@ def enabled() -> bool:
 def kernel():
     """The loaded library (tl_paged_decode, tl_paged_decode_supports), or None, with one
     line on stderr saying why."""
-    if not enabled():
-        return None
-    lib = load(SOURCE, "native decode attention unavailable, using torch")
+    return attention_lib() if enabled() else None
+
+
+def attention_lib(flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """paged_decode.c built with `flags` after FLAGS (tests build other instruction sets),
+    its functions typed; None where it cannot be built."""
+    lib = load(SOURCE, "native decode attention unavailable, using torch", flags)
     if lib is None:
         return None
     lib.tl_paged_decode.argtypes = (_P, _P, _P, _P, _I64, _P, _INT, _INT, _INT, _INT, _INT,
@@ -127,12 +131,13 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torc
 
 
 def kernel_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
-                  ctx: torch.Tensor, scale: float) -> torch.Tensor:
+                  ctx: torch.Tensor, scale: float,
+                  lib: ctypes.CDLL | None = None) -> torch.Tensor:
     q = q.contiguous()
     n, heads, dim = q.shape
     kv_heads, block = k.shape[2], k.shape[1]
     out = torch.empty_like(q)
-    rc = kernel().tl_paged_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
+    rc = (lib or kernel()).tl_paged_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
                                   tables.stride(0), ctx.data_ptr(), n, kv_heads,
                                   heads // kv_heads, dim, block, scale, out.data_ptr(),
                                   torch.get_num_threads())

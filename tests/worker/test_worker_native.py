@@ -80,6 +80,30 @@ def test_long_contexts_split_into_parts_match_the_reference_and_each_other(bs):
         assert torch.equal(alone[0], got[i]), lengths[i]
 
 
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-avx512f")],
+                         ids=["avx2", "generic"])
+def test_every_instruction_set_gives_the_same_bits(flags):
+    """AVX2 has its own 8-wide code (paged_decode.c); built here with AVX-512 turned off
+    (the AVX2 code), or AVX2 too (the generic 16-lane code), the kernel sums every score,
+    weight sum and output in the native build's order: the same bits, so a log replays
+    alike on another machine with fused multiply-adds (without them, -mno-avx, the products
+    round apart)."""
+    other = native.attention_lib(flags)
+    assert other is not None
+    gen = torch.Generator().manual_seed(5)
+    for dim, rep, bs in ((64, 3, 16), (128, 2, 16), (48, 1, 8)):
+        kv_heads, blocks, lengths = 2, 60, [1, 7, 8, 9, 16, 23, 300]
+        width = -(-max(lengths) // bs)
+        tables = torch.tensor([random.Random(i).sample(range(blocks), width)
+                               for i in range(len(lengths))], dtype=torch.long)
+        ctx = torch.tensor(lengths, dtype=torch.long)
+        k, v = (torch.randn(blocks, bs, kv_heads, dim, generator=gen) for _ in range(2))
+        q = torch.randn(len(lengths), kv_heads * rep, dim, generator=gen)
+        args = (q, k, v, tables, ctx, dim ** -0.5)
+        assert torch.equal(native.kernel_decode(*args, lib=other),
+                           native.kernel_decode(*args)), (dim, rep, bs)
+
+
 @pytest.fixture(scope="module")
 def d64_dir(tmp_path_factory):
     """Head dim 64 (what the kernel takes), 2 query heads per KV head."""

@@ -9,7 +9,9 @@
  *   k, v     [num_blocks, block_size, kv_heads, dim]  one layer's half of the pool
  *   tables   [n, table_stride] block ids;  ctx [n] context lengths (>= 1)
  * tl_paged_decode_supports says which shapes it takes. Written with GCC vector
- * extensions, so -march picks the instruction set.
+ * extensions, so -march picks the instruction set; AVX2 (16 registers) has its own 8-wide
+ * scores that sum in the 16-lane order. Every build with fused multiply-adds gives the same
+ * bits (docs/design/cpu-paths.md, "The attention kernel on AVX2").
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,12 +21,29 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 #define MAX_DV 8                       /* dim / 16 */
 #define MAX_REP 16                     /* query heads per KV head */
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE v16 load(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 INLINE void store(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+INLINE v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+INLINE void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+
+/* The machine's own vector, for sums whose lanes are each their own output (any width
+ * gives the same bits): GCC handles v16 without AVX-512 through the stack where it cannot
+ * keep it in pairs of registers. */
+#ifdef __AVX512F__
+typedef v16 vn;
+typedef v16i vni;
+#else
+typedef v8 vn;
+typedef v8i vni;
+#endif
+#define VN ((int)(sizeof(vn) / sizeof(float)))
+INLINE vn loadn(const float *p) { vn v; memcpy(&v, p, sizeof v); return v; }
+INLINE void storen(float *p, vn v) { memcpy(p, &v, sizeof v); }
 
 /* Where block b of a table sits in one layer's half of the pool: the sequence's position
  * b * bs + p is pool row table[b] * bs + p (its slot: docs/DESIGN.md, "Paged KV layout"),
@@ -58,29 +77,43 @@ INLINE const float *walk_block(const float *pool, const int64_t *table, int64_t 
     return rows;
 }
 
-INLINE v16 vmax(v16 a, v16 b) {
-    v16i more = a > b;
-    return (v16)(((v16i)a & more) | ((v16i)b & ~more));
+INLINE vn vmax(vn a, vn b) {
+    vni more = a > b;
+    return (vn)(((vni)a & more) | ((vni)b & ~more));
 }
 
-INLINE float hsum(v16 v) {
-    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
-         + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+/* A 16-lane sum's tree from its halves' sum h8[l] = a[l] + a[l + 8]: h4[l] = h8[l] +
+ * h8[l + 4], then (h4[0] + h4[2]) + (h4[1] + h4[3]). */
+INLINE float tree8(v8 a) {
     v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
     return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+INLINE float hsum(v16 v) {
+    return tree8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+                 + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+/* The same sum given as 16 / VN vectors: lanes 0-15 of the 16-lane accumulator in order. */
+INLINE float sum_parts(const vn *parts) {
+#ifdef __AVX512F__
+    return hsum(parts[0]);
+#else
+    return tree8(parts[0] + parts[1]);
+#endif
+}
+
 /* exp(x) for x <= 0, 16 lanes: 2^-k * e^f with f in [-ln2/2, ln2/2] and a degree-7
  * Taylor polynomial, relative error < 1e-8 (below fp32 rounding). */
-INLINE v16 exp_nonpos(v16 x) {
-    const v16 lo = (v16){0} - 87.0f;
+INLINE vn exp_nonpos(vn x) {
+    const vn lo = (vn){0} - 87.0f;
     x = vmax(x, lo);
-    v16 t = x * -1.44269504088896341f;
-    v16i k = __builtin_convertvector(t + 0.5f, v16i);   /* t >= 0: truncation rounds */
-    v16 f = (t - __builtin_convertvector(k, v16)) * -0.69314718055994531f;
-    v16 p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (
+    vn t = x * -1.44269504088896341f;
+    vni k = __builtin_convertvector(t + 0.5f, vni);     /* t >= 0: truncation rounds */
+    vn f = (t - __builtin_convertvector(k, vn)) * -0.69314718055994531f;
+    vn p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (
             1.0f / 120 + f * (1.0f / 720 + f * (1.0f / 5040)))))));
-    return p * (v16)((127 - k) << 23);
+    return p * (vn)((127 - k) << 23);
 }
 
 /* [q.k_0, ..., q.k_15] for 16 positions at `stride` floats apart: each position's 16 lane
@@ -107,6 +140,57 @@ INLINE v16 dots16(const v16 *qv, const float *k, int64_t stride, int dv) {
          + SHUF(d[0], d[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* With AVX2, dots16's v16 lives on the stack: the same sums in 8-wide halves. A position's
+ * lanes 0-7 (lo) and 8-15 (hi) of the 16-lane accumulator, then h8 = lo + hi. */
+INLINE v8 halves(const v8 *q, const float *k, int dv) {
+    v8 lo = q[0] * load8(k), hi = q[1] * load8(k + 8);
+    for (int j = 1; j < dv; j++) {
+        lo += q[2 * j] * load8(k + 16 * j);
+        hi += q[2 * j + 1] * load8(k + 16 * j + 8);
+    }
+    return lo + hi;
+}
+
+/* dots16's tree for 8 positions, transposed in 8-wide vectors. */
+INLINE v8 dots8(const v8 *q, const float *k, int64_t stride, int dv) {
+    v8 h[8], c[4], d[2];
+    for (int p = 0; p < 8; p++) h[p] = halves(q, k + p * stride, dv);
+    for (int p = 0; p < 4; p++)   /* lanes 0-3: h4 of position p; 4-7: of p + 4 */
+        c[p] = SHUF(h[p], h[p + 4], 0, 1, 2, 3, 8, 9, 10, 11)
+             + SHUF(h[p], h[p + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int p = 0; p < 2; p++)   /* lane pairs: h2 of positions p, p + 2, p + 4, p + 6 */
+        d[p] = SHUF(c[p], c[p + 2], 0, 1, 8, 9, 4, 5, 12, 13)
+             + SHUF(c[p], c[p + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUF(d[0], d[1], 0, 8, 2, 10, 4, 12, 6, 14)
+         + SHUF(d[0], d[1], 1, 9, 3, 11, 5, 13, 7, 15);
+}
+
+/* scale * q_r . k_t for the `len` positions of one block, into sr. */
+INLINE void block_scores(const float *q, const float *kb, int64_t len, int64_t row, int dv,
+                         float scale, float *sr) {
+    v8 qv[2 * MAX_DV];
+    for (int j = 0; j < 2 * dv; j++) qv[j] = load8(q + 8 * j);
+    int64_t p = 0;
+    for (; p + 8 <= len; p += 8) store8(sr + p, dots8(qv, kb + p * row, row, dv) * scale);
+    for (; p < len; p++) sr[p] = tree8(halves(qv, kb + p * row, dv)) * scale;
+}
+#else
+INLINE void block_scores(const float *q, const float *kb, int64_t len, int64_t row, int dv,
+                         float scale, float *sr) {
+    v16 qv[MAX_DV];
+    for (int j = 0; j < dv; j++) qv[j] = load(q + 16 * j);
+    int64_t p = 0;
+    for (; p + 16 <= len; p += 16) store(sr + p, dots16(qv, kb + p * row, row, dv) * scale);
+    for (; p < len; p++) {
+        const float *kt = kb + p * row;
+        v16 acc = qv[0] * load(kt);
+        for (int j = 1; j < dv; j++) acc += qv[j] * load(kt + 16 * j);
+        sr[p] = hsum(acc) * scale;
+    }
+}
+#endif
+
 /* s[r * ld + t] = scale * q_r . k_t for each of the rep query heads, positions along the
  * block table; each block's rows are read from memory once for all rep heads. */
 INLINE void scores(const float *q, const float *k, const int64_t *table, int64_t ctx,
@@ -115,61 +199,55 @@ INLINE void scores(const float *q, const float *k, const int64_t *table, int64_t
     for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
         int64_t len;
         const float *kb = walk_block(k, table, b, t0, ctx, bs, row, dv, &len);
-        for (int r = 0; r < rep; r++) {
-            v16 qv[MAX_DV];
-            for (int j = 0; j < dv; j++) qv[j] = load(q + (r * dv + j) * 16);
-            float *sr = s + r * ld + t0;
-            int64_t p = 0;
-            for (; p + 16 <= len; p += 16)
-                store(sr + p, dots16(qv, kb + p * row, row, dv) * scale);
-            for (; p < len; p++) {
-                const float *kt = kb + p * row;
-                v16 acc = qv[0] * load(kt);
-                for (int j = 1; j < dv; j++) acc += qv[j] * load(kt + 16 * j);
-                sr[p] = hsum(acc) * scale;
-            }
-        }
+        for (int r = 0; r < rep; r++)
+            block_scores(q + r * dv * 16, kb, len, row, dv, scale, s + r * ld + t0);
     }
 }
 
 /* s <- softmax numerators in place (s has room for ctx rounded up to 16); returns their
- * sum. */
+ * sum, lane l of a 16-lane accumulator summing positions t = l mod 16. */
 INLINE float softmax(float *restrict s, int64_t ctx) {
     const int64_t padded = (ctx + 15) & ~(int64_t)15;
     for (int64_t t = ctx; t < padded; t++) s[t] = -1e30f;   /* weight ~1e-38: none */
-    v16 m = load(s);
-    for (int64_t t = 16; t < padded; t += 16) m = vmax(m, load(s + t));
+    vn m = loadn(s);
+    for (int64_t t = VN; t < padded; t += VN) m = vmax(m, loadn(s + t));
     float top = m[0];
-    for (int i = 1; i < 16; i++) top = m[i] > top ? m[i] : top;
-    v16 sum = (v16){0};
-    for (int64_t t = 0; t < padded; t += 16) {
-        v16 e = exp_nonpos(load(s + t) - top);
-        store(s + t, e);
-        sum += e;
-    }
-    return hsum(sum);
+    for (int i = 1; i < VN; i++) top = m[i] > top ? m[i] : top;
+    vn sum[16 / VN] = {0};
+    for (int64_t t = 0; t < padded; t += 16)
+        for (int i = 0; i < 16 / VN; i++) {
+            vn e = exp_nonpos(loadn(s + t + VN * i) - top);
+            storen(s + t + VN * i, e);
+            sum[i] += e;
+        }
+    return sum_parts(sum);
 }
 
-/* out_r = (sum_t w[r * ld + t] * v_t) / total[r]; each value row read once for all r. */
+/* out_r = (sum_t w[r * ld + t] * v_t) / total[r]. A block's value rows are read from
+ * memory once and then from L1 by each of the rep heads in turn, whose dv accumulators
+ * stay in registers over the block (rep * dv of them in registers at once spilled with
+ * AVX2's 16: 4.7 of a 5.7 ms call at 64 decodes of context 300). */
 INLINE void weighted_values(const float *v, const int64_t *table, int64_t ctx, int64_t ld,
                             int64_t row, int bs, int rep, int dv, const float *restrict w,
                             const float *total, float *restrict out) {
-    v16 acc[MAX_REP * MAX_DV];
-    for (int i = 0; i < rep * dv; i++) acc[i] = (v16){0};
+    const int dn = dv * 16 / VN;             /* vectors in a head's row */
+    vn acc[MAX_REP * MAX_DV * 16 / VN];
+    for (int i = 0; i < rep * dn; i++) acc[i] = (vn){0};
     for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, b++) {
         int64_t len;
         const float *vb = walk_block(v, table, b, t0, ctx, bs, row, dv, &len);
-        for (int64_t p = 0; p < len; p++) {
-            v16 vt[MAX_DV];
-            for (int j = 0; j < dv; j++) vt[j] = load(vb + p * row + 16 * j);
-            for (int r = 0; r < rep; r++) {
-                const float wt = w[r * ld + t0 + p];
-                for (int j = 0; j < dv; j++) acc[r * dv + j] += wt * vt[j];
-            }
+        for (int r = 0; r < rep; r++) {
+            const float *wr = w + r * ld + t0;
+            vn a[MAX_DV * 16 / VN];
+            for (int j = 0; j < dn; j++) a[j] = acc[r * dn + j];
+            for (int64_t p = 0; p < len; p++)
+                for (int j = 0; j < dn; j++) a[j] += wr[p] * loadn(vb + p * row + VN * j);
+            for (int j = 0; j < dn; j++) acc[r * dn + j] = a[j];
         }
     }
     for (int r = 0; r < rep; r++)
-        for (int j = 0; j < dv; j++) store(out + (r * dv + j) * 16, acc[r * dv + j] / total[r]);
+        for (int j = 0; j < dn; j++)
+            storen(out + (r * dn + j) * VN, acc[r * dn + j] / total[r]);
 }
 
 INLINE void attend(const float *q, const float *k, const float *v, const int64_t *table,
