@@ -134,6 +134,8 @@ def test_a_gguf_comparison_is_labelled_by_its_file_type():
     assert rows[1][3] == "1.25x"
     doc["model"] = {"name": "/c/m.Q4_1.gguf", "weights": "trained", "file": "m.Q4_1.gguf"}
     assert _llamacpp_file_rows(doc)[0][0].startswith("Q4_1 file, ")
+    doc["machine"] = {"cpu": "AMD EPYC", "cpu_vectors": "avx2"}   # the kernel's path differs
+    assert _llamacpp_file_rows(doc)[0][0].startswith("Q4_1 file on avx2, ")
 
 
 def test_the_curve_table_gives_each_setting_and_the_cost():
