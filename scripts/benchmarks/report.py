@@ -48,16 +48,6 @@ def _ratio(v) -> str:
     return "-" if v is None else f"{rt.num(v, '.2f')}x"
 
 
-def _llamacpp_rows(doc: dict) -> list[tuple]:
-    rows = []
-    for c, row in (doc.get("levels") or {}).items():
-        e, p = row.get("engine") or {}, row.get("llamacpp") or {}
-        rows.append((f"out tok/s, {c} in flight: tl-engine / llama.cpp",
-                     rt.num(e.get("output_tok_s")), rt.num(p.get("output_tok_s")),
-                     _ratio(row.get("engine_over_llamacpp_tok_s"))))
-    return rows
-
-
 def file_type(path: str) -> str:
     """The type a GGUF file's name gives (`....Q4_1.gguf` -> Q4_1), else its name."""
     m = re.search(r"\.([A-Z0-9_]+)\.gguf$", path)
@@ -180,10 +170,10 @@ def _draft_rows(doc: dict) -> list[tuple]:
     return rows
 
 
-HEADLINE = (("compare-llamacpp.json", _llamacpp_rows),
-            ("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
+HEADLINE = (("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
             ("compare-llamacpp-q4_1-avx2.json", _llamacpp_file_rows),
             ("compare-llamacpp-q8_0.json", _llamacpp_file_rows),
+            ("compare-llamacpp-q8_0-avx2.json", _llamacpp_file_rows),
             ("compare-smol.json", _transformers_rows),
             ("quality.json", _quality_rows), ("overhead.json", _overhead_rows),
             ("prefix-smol.json", _prefix_rows), ("scale-dp-smol.json", _scale_rows),
