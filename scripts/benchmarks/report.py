@@ -60,20 +60,20 @@ def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     model = doc.get("model") or ""   # provenance's record (a dict) or the name given
     name = file_type(model.get("file") or model.get("name", "") if isinstance(model, dict)
                      else str(model))
-    vectors = rt.get(doc, "machine", "cpu_vectors")
-    name += f" file on {vectors}" if vectors else " file"   # the kernels' paths differ by ISA
+    vectors = rt.get(doc, "machine", "cpu_vectors")   # the kernels' paths differ by ISA
+    label = f"{name} file on {vectors}" if vectors else f"{name} file"
     levels = doc.get("levels") or {}
     if not levels:
         return []
     side = lambda row, n: rt.num((row.get(n) or {}).get("output_tok_s"))  # noqa: E731
-    rows = [(f"{name}, out tok/s, {' / '.join(map(str, levels))} in flight: "
+    rows = [(f"{label}, out tok/s, {' / '.join(map(str, levels))} in flight: "
              "tl-engine / llama.cpp",
              " / ".join(side(r, "engine") for r in levels.values()),
              " / ".join(side(r, "llamacpp") for r in levels.values()),
              " / ".join(_ratio(r.get("engine_over_llamacpp_tok_s")) for r in levels.values()))]
     one = levels.get("1") or levels.get(1) or {}
     if one.get("engine") and one.get("llamacpp"):
-        rows.append((f"{name}, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp",
+        rows.append((f"{label}, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp",
                      rt.num(one["engine"]["tpot_ms"]["p50"], ".1f"),
                      rt.num(one["llamacpp"]["tpot_ms"]["p50"], ".1f"),
                      _ratio(one.get("engine_over_llamacpp_tpot_p50"))))

@@ -37,13 +37,15 @@ INLINE void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 #ifdef __AVX512F__
 typedef v16 vn;
 typedef v16i vni;
+#define loadn load
+#define storen store
 #else
 typedef v8 vn;
 typedef v8i vni;
+#define loadn load8
+#define storen store8
 #endif
 #define VN ((int)(sizeof(vn) / sizeof(float)))
-INLINE vn loadn(const float *p) { vn v; memcpy(&v, p, sizeof v); return v; }
-INLINE void storen(float *p, vn v) { memcpy(p, &v, sizeof v); }
 
 /* Where block b of a table sits in one layer's half of the pool: the sequence's position
  * b * bs + p is pool row table[b] * bs + p (its slot: docs/DESIGN.md, "Paged KV layout"),
