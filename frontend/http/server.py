@@ -39,6 +39,7 @@ from frontend.http.auth import Guard
 from frontend.http.chat import ChatTemplate
 from frontend.http.heap import HeapTrim
 from frontend.http.metrics import Metrics
+from frontend.torchless import forbid_torch
 
 log = logging.getLogger("http")
 
@@ -155,6 +156,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
 
 
 def main(argv: list[str] | None = None) -> int:
+    forbid_torch()
     args = parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="http %(levelname)s %(message)s")

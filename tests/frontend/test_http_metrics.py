@@ -59,6 +59,16 @@ def test_serve_answers_http_with_urllib(gateway):
     assert [(r["replica"], r["ok"], r["joined"]) for r in reply["replicas"]] == [(0, True, False)]
 
 
+def test_the_frontend_and_the_gateway_run_without_torch(group, gateway):
+    """frontend/torchless.py: neither maps libtorch; the worker, the control, does."""
+    def maps(needle: str) -> str:
+        with open(f"/proc/{group.pid_of(needle)}/maps") as f:
+            return f.read()
+    assert "libtorch" in maps("-m worker ")
+    for needle in ("-m frontend ", "-m frontend.http "):
+        assert "libtorch" not in maps(needle), needle
+
+
 def test_health_per_replica_checks_local_pids_only():
     from frontend.http.app import replica_health
     me, gone = os.getpid(), 2 ** 22 + 12345   # above pid_max: never a live process
