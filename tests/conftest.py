@@ -1,5 +1,6 @@
-"""Shared fixtures: a process group per module (scripts/serve), stopped in teardown, whose
-step log must then verify (every end-to-end run is also a replay test)."""
+"""Shared fixtures: a process group (scripts/serve) shared by the modules that ask for the
+same flags, stopped when a module asks for other flags and at the session's end; it must
+then exit 0 and its step log verify (every end-to-end run is also a replay test)."""
 from __future__ import annotations
 
 import sqlite3
@@ -24,25 +25,97 @@ def verify_log(path, *extra) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+def check_stopped(g: Group, verify=((),), who: str = "") -> None:
+    """Stop `g` (if it still runs): it must exit 0 and its step logs verify under each of
+    `verify`'s extra arguments."""
+    code = g.stop()
+    assert code == 0, f"{who}{g.tail()}"
+    for log in g.logs():
+        for extra in verify:
+            r = verify_log(log, *extra)
+            assert r.returncode == 0, who + r.stdout + r.stderr
+
+
 def serving(tmp: Path, args, env=None, verify=((),)):
-    """A group (scripts/serve with `args`) for the caller's tests, stopped afterwards; it must
-    exit 0 and its step logs verify under each of `verify`'s extra arguments."""
+    """A group (scripts/serve with `args`) for the caller's tests, stopped afterwards and
+    checked as check_stopped says."""
     g = start_group(tmp, args, env=env)
     try:
         yield g
     finally:
-        code = g.stop()
-    assert code == 0, g.tail()
-    for log in g.logs():
-        for extra in verify:
-            r = verify_log(log, *extra)
-            assert r.returncode == 0, r.stdout + r.stderr
+        check_stopped(g, verify)
+
+
+def group_key(module) -> tuple:
+    """What makes a module's group: its GROUP_ARGS and GROUP_ENV."""
+    env = getattr(module, "GROUP_ENV", None) or {}
+    return tuple(getattr(module, "GROUP_ARGS", [])), tuple(sorted(env.items()))
+
+
+class GroupPool:
+    """The session's one live group of the `group` fixture. A start is seconds on 2 cores, so
+    a module whose flags are the last module's gets the same group (while it runs); another
+    module's flags stop it, checked, first. Only one runs: idle groups would hold memory."""
+
+    def __init__(self, tmp_path_factory):
+        self._tmp = tmp_path_factory
+        self._key: tuple | None = None
+        self._group: Group | None = None
+        self._users: list[str] = []
+
+    def get(self, module) -> Group:
+        key = group_key(module)
+        if self._group is None or key != self._key or not self._group.alive():
+            self.close()
+            args, env = key
+            self._group = start_group(self._tmp.mktemp("group"), list(args), env=dict(env))
+            self._key = key
+        self._users.append(module.__name__)
+        return self._group
+
+    def close(self) -> None:
+        g, self._group, users, self._users = self._group, None, self._users, []
+        if g is not None:
+            check_stopped(g, who=f"the group of {', '.join(users)}: ")
+
+
+@pytest.fixture(scope="session")
+def group_pool(tmp_path_factory):
+    pool = GroupPool(tmp_path_factory)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="module")
-def group(request, tmp_path_factory) -> Group:
+def group(request, group_pool) -> Group:
     """A group on the tiny preset; a test module sets GROUP_ARGS for other flags and
-    GROUP_ENV for variables added to the group's environment."""
-    args = getattr(request.module, "GROUP_ARGS", [])
-    env = getattr(request.module, "GROUP_ENV", None)
-    yield from serving(tmp_path_factory.mktemp("group"), args, env)
+    GROUP_ENV for variables added to the group's environment. Modules with the same flags
+    share one (GroupPool), and run one after another (pytest_collection_modifyitems). A
+    module that ends its group leaves the next one a fresh one."""
+    return group_pool.get(request.module)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Modules that share a group's flags move up to the first of them, keeping their order;
+    every other module keeps its place."""
+    first_of_module: dict[str, int] = {}
+    keyed: dict[str, tuple] = {}
+    for i, item in enumerate(items):
+        name = item.module.__name__ if item.module else item.nodeid
+        first_of_module.setdefault(name, i)
+        if item.module and "group" in item.fixturenames:
+            keyed.setdefault(name, group_key(item.module))
+    anchor_of_key: dict[tuple, int] = {}
+    for name in sorted(keyed, key=first_of_module.get):
+        anchor_of_key.setdefault(keyed[name], first_of_module[name])
+
+    def place(pair):
+        i, item = pair
+        name = item.module.__name__ if item.module else item.nodeid
+        own = first_of_module[name]
+        anchor = anchor_of_key[keyed[name]] if name in keyed else own
+        return anchor, own, i
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=place)]

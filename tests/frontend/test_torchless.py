@@ -28,12 +28,11 @@ from frontend.torchless import forbid_torch
 forbid_torch()
 from frontend.http.chat import ChatTemplate
 from frontend.tokenizer import Tokenizer
-path, texts, chat = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-print(json.dumps(facts(Tokenizer.load(path), ChatTemplate.load(path), texts, chat)
-                 | {"torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch"
-                                    and sys.modules[m] is not None)}))
+texts, chat = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = {p: facts(Tokenizer.load(p), ChatTemplate.load(p), texts, chat) for p in sys.argv[3:]}
+print(json.dumps({"facts": out, "torch": sorted(m for m in sys.modules if m.split(".")[0]
+                                                == "torch" and sys.modules[m] is not None)}))
 """
-
 
 def facts(tok, chat, texts, messages) -> dict:
     """What the frontend and gateway make of `texts` and `messages`."""
@@ -44,9 +43,15 @@ def facts(tok, chat, texts, messages) -> dict:
             "prompt": chat.render(messages), "prompt_ids": chat.ids(prompt)}
 
 
-def torchless(path: str) -> dict:
-    source = inspect.getsource(facts) + CHILD
-    r = subprocess.run([sys.executable, "-c", source, path, json.dumps(TEXTS), json.dumps(CHAT)],
+NAMES = ["smollm2", "tiny", "smol"]
+
+
+@pytest.fixture(scope="module")
+def torchless() -> dict:
+    """What a torchless process makes of each of NAMES' directories (one process for all)."""
+    paths = [tokenizer_dir(n) for n in NAMES]
+    r = subprocess.run([sys.executable, "-c", inspect.getsource(facts) + CHILD,
+                        json.dumps(TEXTS), json.dumps(CHAT), *paths],
                        capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -54,12 +59,15 @@ def torchless(path: str) -> dict:
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("name", ["smollm2", "tiny", "smol"])
-def test_without_torch_the_tokenizer_and_template_are_the_same(name):
+def test_the_torchless_process_imported_no_torch(torchless):
+    assert torchless["torch"] == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_without_torch_the_tokenizer_and_template_are_the_same(torchless, name):
     path = tokenizer_dir(name)
-    got = torchless(path)
-    assert got.pop("torch") == []
-    assert got == facts(Tokenizer.load(path), ChatTemplate.load(path), TEXTS, CHAT)
+    assert torchless["facts"][path] == facts(Tokenizer.load(path), ChatTemplate.load(path),
+                                             TEXTS, CHAT)
 
 
 def test_forbid_leaves_a_process_that_has_torch_alone():
