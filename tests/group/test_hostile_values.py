@@ -3,9 +3,10 @@ and through HTTP (/v1/completions, /v1/chat/completions): every reply is a norma
 or an error with code 400, 413 or 429, and afterwards every process of the group is the
 same one, alive, and the engine still serves.
 
-One group and one gateway for the module. A request the engine accepts is aborted after
-its first delta (HTTP: the connection is closed after the first event), so an accepted
-max_tokens of 2**31 - 1 costs no more than 1.
+One group (test_hostile.py's flags, so conftest.py shares it) and one gateway for the
+module. A request the engine accepts is aborted after its first delta (HTTP: the connection
+is closed after the first event), so an accepted max_tokens of 2**31 - 1 costs no more
+than 1.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from core.ipc.protocol import WIRE
 from frontend.client import Client
 from tests.frontend.test_http import start_gateway, stop_gateway
 
-GROUP_ARGS = ["--max-seqs", "8"]
+from tests.group.test_hostile import GROUP_ARGS   # the same group serves both modules
 REPLY_TIMEOUT_S = 60
 BODY_TIMEOUT_S = 1.0
 ALLOWED_ERRORS = {400, 413, 429}
