@@ -97,13 +97,17 @@ def group(request, group_pool) -> Group:
     return group_pool.get(request.module)
 
 
+def _module_name(item) -> str:
+    return item.module.__name__ if item.module else item.nodeid
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Modules that share a group's flags move up to the first of them, keeping their order;
     every other module keeps its place."""
     first_of_module: dict[str, int] = {}
     keyed: dict[str, tuple] = {}
     for i, item in enumerate(items):
-        name = item.module.__name__ if item.module else item.nodeid
+        name = _module_name(item)
         first_of_module.setdefault(name, i)
         if item.module and "group" in item.fixturenames:
             keyed.setdefault(name, group_key(item.module))
@@ -113,7 +117,7 @@ def pytest_collection_modifyitems(items) -> None:
 
     def place(pair):
         i, item = pair
-        name = item.module.__name__ if item.module else item.nodeid
+        name = _module_name(item)
         own = first_of_module[name]
         anchor = anchor_of_key[keyed[name]] if name in keyed else own
         return anchor, own, i

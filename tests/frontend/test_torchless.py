@@ -34,6 +34,7 @@ print(json.dumps({"facts": out, "torch": sorted(m for m in sys.modules if m.spli
                                                 == "torch" and sys.modules[m] is not None)}))
 """
 
+
 def facts(tok, chat, texts, messages) -> dict:
     """What the frontend and gateway make of `texts` and `messages`."""
     ids = [tok.encode(t) for t in texts]

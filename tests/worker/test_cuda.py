@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from frontend.client import Client
 from scripts.group.harness import start_group
 from tests.conftest import check_stopped
-from tests.worker.test_worker_engine import GREEDY, alone, prompts, run_engine
+from tests.worker.test_worker_engine import GREEDY, alone, prompts, run_engine, stock_greedy
 from worker.load import make_runner, resolve_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -32,14 +32,6 @@ def pair(request):
     stock = AutoModelForCausalLM.from_pretrained(resolve_model(request.param),
                                                  attn_implementation="sdpa").to("cuda").eval()
     return runner, stock
-
-
-def stock_greedy(model, prompt, n) -> list[int]:
-    ids = torch.tensor([prompt], device="cuda")
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                             do_sample=False, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
 
 
 def test_the_runner_is_on_cuda(pair):

@@ -67,7 +67,7 @@ def alone(runner, prompt, n, sp=GREEDY, **kw) -> list[int]:
 
 
 def stock_greedy(model, prompt, n) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():  # an explicit mask: else a pad id (= EOS) in the prompt is masked
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                              do_sample=False, eos_token_id=None)
