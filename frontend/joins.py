@@ -27,7 +27,7 @@ class Joins:
                  clock: AwakeClock, options: dict[int, int | bytes] | None = None):
         self.router = Router(ctx, address, accept=(*CORE_TYPES, Leave),
                              max_bytes=max(max_frame_bytes, DEFAULT_MAX_FRAME_BYTES),
-                             options=options)
+                             options=options, handover=True)
         self.address = self.router.address
         self._clock = clock
         self._by_ident: dict[bytes, JoinedReplica] = {}

@@ -32,3 +32,6 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_USER_CHARS = 256
 # An API key's short hash (frontend/http/identity.py writes 12); lower-case hex.
 MAX_KEY_HASH_CHARS = 64
+# A structured-output field (response_format, structured_outputs) is JSON: walked, dumped
+# and compiled recursively, so its nesting is bounded well under Python's recursion limit.
+MAX_JSON_DEPTH = 64

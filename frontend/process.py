@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from core.ipc.channel import Router, RouterError
+from core.ipc.channel import Router, RouterError, peer_label
 from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, AbortRequest,
                                AddRequest, Delta, Deltas, Drain, ErrorReply, Generate, Hello, I32,
                                ModelInfo, Ping, Pong, ProtocolError, Stats)
@@ -209,7 +209,10 @@ class Frontend(CoreSide, PromptSide):
     def _on_client_frame(self, item) -> None:
         ident, msg = item
         if isinstance(msg, Generate):
-            self._on_generate(ident, msg)
+            try:
+                self._on_generate(ident, msg)
+            except Exception as e:  # noqa: BLE001  every frame gets a reply (see below)
+                self._on_unreadable_generate(ident, msg, e)
         elif isinstance(msg, Abort):
             st = self.inflight.by_key(ident, msg.request_id)
             if st is not None:
@@ -224,8 +227,16 @@ class Frontend(CoreSide, PromptSide):
     def _on_bad_client_frame(self, e: RouterError) -> None:
         request_id = peek_request_id(e.frame)
         log.warning("bad frame from client %s (request %r): %s",
-                    e.ident.hex(), request_id, e.error)
+                    peer_label(e.ident), request_id, e.error)
         self.router.send(e.ident, ErrorReply(request_id, e.error.code, e.error.message))
+
+    def _on_unreadable_generate(self, ident: bytes, msg: Generate, e: Exception) -> None:
+        """A Generate whose checks raised what they do not name (a value no check foresaw):
+        the client still gets its 400, and the log one line, not a traceback per frame."""
+        log.warning("refused request %r: its values raised %s: %.200s",
+                    msg.request_id, type(e).__name__, e)
+        self._error(ident, msg.request_id, 400,
+                    f"the request's values could not be read ({type(e).__name__})")
 
     def _on_generate(self, ident: bytes, msg: Generate) -> None:
         if self.core_dead:
@@ -325,7 +336,8 @@ class Frontend(CoreSide, PromptSide):
         self.tokenizing.drop(ident)
         gone = self.inflight.of_client(ident)
         if gone:
-            log.info("client %s is gone: aborting %d request(s)", ident.hex(), len(gone))
+            log.info("client %s is gone: aborting %d request(s)", peer_label(ident),
+                     len(gone))
         for st in gone:
             self._abort(st, tell_client=False)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from core.ipc.protocol import Constraint
+from frontend.plain_json import check_plain
 from frontend.validate import InvalidField
 
 # A constraint's text (a schema as compact JSON, a regex, the choices, a grammar) at most:
@@ -23,6 +24,9 @@ FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 def constraint_of(response_format, structured_outputs) -> Constraint | None:
     """The constraint the two fields ask for (None: free text), unchecked by the engine."""
+    for value, field in ((response_format, "response_format"),
+                         (structured_outputs, "structured_outputs")):
+        check_plain(value, field)
     if response_format is not None and structured_outputs is not None:
         if _format(response_format) is not None:
             raise InvalidField("give response_format or structured_outputs, not both",

@@ -7,6 +7,7 @@ without saying why.
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from urllib.parse import urlsplit
 
@@ -107,12 +108,19 @@ class Channel:
         self.sock.close(0)
 
 
+def peer_label(ident: bytes) -> str:
+    """A peer's routing id as logs show it: a short digest. The id is what a connection
+    claims to be, so the log never prints one whole (whoever reads the log could claim it)."""
+    return hashlib.blake2b(ident, digest_size=4).hexdigest()
+
+
 class Router:
     """A ROUTER socket: messages come with the sender's identity; replies go to one peer."""
 
     def __init__(self, ctx: zmq.Context, address: str, *, accept: tuple[type, ...] | None,
                  max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 options: dict[int, int | bytes] | None = None, keep_frame: bool = False):
+                 options: dict[int, int | bytes] | None = None, keep_frame: bool = False,
+                 handover: bool = False):
         self.sock = _make(ctx, zmq.ROUTER, max_bytes)
         # keep_frame: `last_frame` is the frame of the message recv returned last, whose
         # properties (User-Id, Peer-Address) say who sent it (frontend/operator.py)
@@ -131,8 +139,11 @@ class Router:
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, PEER_TIMEOUT_MS)
-        # A client that reconnects (same routing id) takes its identity over at once.
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # A routing id is only what a connection claims. With handover a second connection
+        # that claims a live peer's id takes over its replies (another client's stream):
+        # off, zmq refuses it while the first is connected. Only the replica ROUTER, whose
+        # peers are the engine's own cores, lets a restarted core take its id over at once.
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, int(handover))
         self.accept, self.max_bytes = accept, max_bytes
         self.encode = Encoder()   # the socket's thread's, as the socket is
         self.sock.bind(address)

@@ -52,3 +52,41 @@ def test_a_burst_reaches_a_peer_in_order_and_names_each_peer_gone_once(tmp_path)
         peer.close(0)
         router.close()
         ctx.term()
+
+
+def _dealer(ctx, address: str, ident: bytes):
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.ROUTING_ID, ident)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    return sock
+
+
+@pytest.mark.parametrize("handover", [False, True])
+def test_a_second_connection_claiming_a_peers_id_gets_none_of_its_replies(tmp_path, handover):
+    """The client ROUTER (handover off): the replies stay with the connection that sent the
+    request. With handover on (the replica ROUTER's setting) the claimant takes them: the
+    control, which shows the test can tell the two apart."""
+    ctx = zmq.Context()
+    router = Router(ctx, f"ipc://{tmp_path}/r", accept=(Ping,), handover=handover)
+    victim = _dealer(ctx, router.address, b"victim-id")
+    victim.send(encode_ping())
+    assert router.poll(5000) and router.recv()[0] == b"victim-id"
+    thief = _dealer(ctx, router.address, b"victim-id")
+    thief.send(encode_ping())
+    router.poll(500)   # the thief's frame arrives only where it was let in
+    for _ in range(5):
+        router.send(b"victim-id", Delta(request_id="r", token_ids=[1], text="x"))
+    got_victim, got_thief = victim.poll(1000), thief.poll(1000)
+    try:
+        assert (got_victim, got_thief) == ((0, zmq.POLLIN) if handover else (zmq.POLLIN, 0))
+    finally:
+        for s in (victim, thief):
+            s.close(0)
+        router.close()
+        ctx.term()
+
+
+def encode_ping() -> bytes:
+    from core.ipc.protocol import encode
+    return encode(Ping())

@@ -213,3 +213,64 @@ def test_many_clients_racing_aborts_and_finishes(group):
     for t in threads:
         t.join(120)
     assert_healthy(group.address)
+
+
+# ---------------------------------------------------------------- identity and odd values
+
+def test_a_connection_claiming_a_clients_routing_id_gets_nothing_of_its_stream(group):
+    """The frontend's ROUTER keeps a request's replies with the connection that sent it: a
+    second DEALER that connects with the victim's routing id (printed in logs before) gets
+    none of the victim's tokens, and the victim gets every one."""
+    ctx = zmq.Context()
+    thief = ctx.socket(zmq.DEALER)
+    with Client(group.address, timeout=60) as victim:
+        stream = victim.stream("steal me", max_tokens=400, ignore_eos=True)
+        first = next(stream)
+        thief.setsockopt(zmq.ROUTING_ID, victim._sock.getsockopt(zmq.ROUTING_ID))
+        thief.setsockopt(zmq.LINGER, 0)
+        thief.connect(group.address)
+        time.sleep(0.3)   # the connection is made while the victim's stream runs
+        rest = list(stream)
+        stolen = thief.poll(500)
+    thief.close(0)
+    ctx.term()
+    assert not stolen, "the second connection received the victim's frames"
+    assert sum(len(d.token_ids) for d in [first, *rest]) == 400
+
+
+NESTED = "@nested-1000@"   # stands for a map nested 1,000 deep, spliced in as raw msgpack
+
+
+def raw_frame(field: str, value) -> bytes:
+    """A Generate frame with `field` = value; NESTED in it becomes {"a": {"a": ... nil}}
+    1,000 deep, written byte by byte (msgpack's packer refuses to nest past 512)."""
+    frame = P.encode(P.Generate(request_id="odd", prompt="hi", max_tokens=2, wire=P.WIRE,
+                                **{field: value}))
+    deep = b"\x81\xa1a" * 1000 + b"\xc0"
+    return frame.replace(msgpack.packb(NESTED), deep)
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("response_format", {"type": "json_schema",
+                         "json_schema": {"name": "x", "schema": {"a": b"bytes"}}}, "bytes"),
+    ("structured_outputs", {"json": {b"k": 1, "k": 2}}, "key is not a string"),
+    ("structured_outputs", {"json": NESTED}, "deeper than 64"),
+])
+def test_malformed_structured_fields_get_a_400_naming_the_field(group, field, value, words):
+    """Raw frames carrying what JSON cannot (bytes, a bytes key beside string keys) or a
+    schema nested 1,000 deep: a 400 naming the field, and the frontend serves on."""
+    frame = raw_frame(field, value)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(group.address)
+    try:
+        sock.send(frame)
+        assert sock.poll(10_000), "no reply"
+        reply = P.decode(sock.recv())
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert isinstance(reply, P.ErrorReply) and reply.code == 400, reply
+    assert field in reply.message and words in reply.message, reply.message
+    assert_healthy(group.address)
