@@ -18,6 +18,14 @@ _SCALARS = (str, bool, int, type(None))
 def check_plain(value, field: str, max_depth: int = MAX_JSON_DEPTH) -> None:
     """InvalidField naming `field` where `value` is not JSON (dict keys strings; values
     dicts, lists, strings, numbers, booleans or null) or nests deeper than `max_depth`."""
+    why = plain_problem(value, max_depth)
+    if why is not None:
+        raise InvalidField(f"{field}{why}", field)
+
+
+def plain_problem(value, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why `value` is not plain JSON within `max_depth` levels (a phrase that follows the
+    field's name), or None."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -25,14 +33,15 @@ def check_plain(value, field: str, max_depth: int = MAX_JSON_DEPTH) -> None:
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
-                raise InvalidField(f"{field}: {item} is not a JSON number", field)
+                return f": {item} is not a JSON number"
             continue
         if not isinstance(item, (dict, list)):
-            raise InvalidField(f"{field}: a {type(item).__name__} value is not JSON", field)
+            return f": a {type(item).__name__} value is not JSON"
         if depth > max_depth:
-            raise InvalidField(f"{field} nests deeper than {max_depth} levels", field)
+            return f" nests deeper than {max_depth} levels"
         if isinstance(item, dict):
             if not all(isinstance(k, str) for k in item):
-                raise InvalidField(f"{field}: an object key is not a string", field)
+                return ": an object key is not a string"
             item = item.values()
         stack.extend((v, depth + 1) for v in item)
+    return None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from frontend.plain_json import plain_problem
+
 HERMES, LLAMA3 = "hermes", "llama3"
 FORMATS = (HERMES, LLAMA3)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -31,7 +33,7 @@ def call_of(text: str, key: str = "arguments") -> Call | None:
     are both read), None when it is not one."""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):   # model output: any nesting may come
         return None
     return _call(obj, key)
 
@@ -43,9 +45,11 @@ def _call(obj, key: str) -> Call | None:
     if isinstance(args, str):   # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
-    if not isinstance(args, dict):
+    # arguments past the JSON depth bound are no call: they are dumped (recursively) here
+    # and by every client that reads them
+    if not isinstance(args, dict) or plain_problem(args) is not None:
         return None
     return Call(obj["name"], json.dumps(args, ensure_ascii=False, separators=(",", ":")))
 
@@ -160,7 +164,7 @@ class Llama3Stream(CallStream):
                 return
             try:
                 obj, n = self._decoder.raw_decode(rest)
-            except ValueError:
+            except (ValueError, RecursionError):
                 if final:   # an unfinished object: the rest is content
                     self._content(self._buf, out)
                     self._buf = ""

@@ -10,6 +10,7 @@ after the stream started is sent as an OpenAI error event (`data: {"error": ...}
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from aiohttp import web
@@ -23,6 +24,7 @@ from frontend.http.metrics import Metrics
 from frontend.http.prompt_logprobs import client_for
 from frontend.http.schema import GenRequest
 
+log = logging.getLogger("http")
 RETRY_AFTER_S = 1  # a full queue drains within steps; clients should come back soon
 ABORTED = "the engine aborted the request (shutting down or aborted by an operator)"
 
@@ -85,6 +87,12 @@ async def _answer_sse(request: web.Request, fan: FanOut, early: list, tallies: l
             await _event(resp, chunk)
     except ApiError as e:
         await _event(resp, e.body())
+    except ConnectionError:   # the client left: nothing to tell it
+        raise
+    except Exception as e:  # noqa: BLE001  a stream that fails still ends as a stream
+        log.warning("a streamed reply failed: %s: %.200s", type(e).__name__, e)
+        await _event(resp, ApiError(500, f"the reply could not be formed "
+                                         f"({type(e).__name__})").body())
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp

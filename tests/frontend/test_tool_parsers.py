@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from frontend.tool_parsers import HERMES, LLAMA3, Call, call_of, parse, stream_for
+from frontend.tool_parsers import CLOSE, HERMES, LLAMA3, Call, call_of, parse, stream_for
 
 GET = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
 W = Call("get_weather", '{"city":"Paris","days":2}')
@@ -115,3 +115,19 @@ def test_call_of_reads_the_call_and_writes_compact_arguments():
     for bad in ("", "[]", '{"name": ""}', '{"name": 3}', '{"name": "f", "arguments": 3}',
                 '{"name": "f", "arguments": "[1]"}', '{"name": "f", "arguments": "{"}'):
         assert call_of(bad) is None, bad
+
+
+@pytest.mark.parametrize("fmt,opening", [(HERMES, "<tool_call>"), (LLAMA3, "")])
+@pytest.mark.parametrize("depth", [70, 1100, 100_000])
+def test_hostile_nesting_is_content_not_a_crash(fmt, opening, depth):
+    """Output forced to a call's opening then thousands of `[` (or arguments nested past the
+    JSON depth bound) reads as content, whole or streamed, and never raises."""
+    text = opening + '{"name": "f", "arguments": ' + "[" * depth
+    if depth == 70:   # parses, but nests past the bound
+        text += "]" * depth + "}" + (CLOSE if fmt == HERMES else "")
+    content, calls = parse(fmt, text)
+    assert calls == [] and content is not None and content.startswith(opening)
+    s = stream_for(fmt)
+    events = [e for chunk in (text[i:i + 500] for i in range(0, len(text), 500))
+              for e in s.feed(chunk)] + s.finish()
+    assert all(kind == "content" for kind, _ in events)
