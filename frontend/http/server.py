@@ -34,6 +34,7 @@ from frontend.client import ClientError
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.http.pool import DEFAULT_CAP, ClientPool
 from frontend.http.api_keys import ENV, KeyProblem, add_key_args, api_keys, collect
+from frontend.http import log_filter
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http.auth import Guard
 from frontend.http.chat import ChatTemplate
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="http %(levelname)s %(message)s")
+    log_filter.install()
     if not is_loopback_host(args.host) and not args.allow_remote:
         print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
               file=sys.stderr)
