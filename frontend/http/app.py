@@ -39,6 +39,9 @@ BODY_TIMEOUT_S = 10.0     # a body still incomplete after this gets 408 and the 
 CLIENT_GONE = 499         # nginx's code for "the client went away first"
 
 
+RENDERS_QUEUED = 4096   # chat renders waiting or running: more than requests can be in flight
+
+
 @dataclass
 class Gateway:
     """What the handlers share: one per app, never module-global."""
@@ -60,6 +63,12 @@ class Gateway:
     def tokens(self) -> Tokens | None:
         """The served tokenizer (None in tests that run without one)."""
         return None if self.chat is None else Tokens(self.chat.tokenizer)
+
+    @cached_property
+    def renders(self) -> Offload:
+        """Where chat prompts are rendered: off the event loop, each bounded in time
+        (render_bound.py); as many waiting as requests may be in flight."""
+        return Offload(per_user=RENDERS_QUEUED, queued=RENDERS_QUEUED)
 
     @cached_property
     def offload(self) -> Offload:
@@ -169,7 +178,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
     # No max_tokens: run to the context limit (the engine ends such a request "length").
-    gen = parse_chat(body, priority, gw.chat, gw.max_model_len, gw.max_model_len, gw.compiles)
+    # rendered off the loop: the template is a program (render_bound.py)
+    gen = await gw.renders.run(identity(request), parse_chat, body, priority, gw.chat,
+                               gw.max_model_len, gw.max_model_len, gw.compiles)
     if gen.forged is not None:   # tokenized here: the frontend would read them as control tokens
         ids = await gw.offload.run(identity(request), gw.chat.ids, gen.forged,
                                    gen.msg.add_special_tokens)

@@ -16,6 +16,7 @@ from core.chatml import CHATML_TEMPLATE
 from frontend.http.chat_roles import check_roles, template_roles
 from frontend.http.chat_special import ChatPrompt, Marks, prompt_ids, special_texts
 from frontend.http.errors import ApiError
+from frontend.http.render_bound import RenderTimeout, TemplateRefused, bounded
 from frontend.http.tool_messages import (has_tool_parts, hermes_messages, knows_tools,
                                           tool_format)
 
@@ -37,7 +38,18 @@ class ChatTemplate:
         builtin = not getattr(hf, "chat_template", None)
         if builtin:
             hf.chat_template = CHATML_TEMPLATE
-        return cls(hf, builtin, allow_special_tokens)
+        chat = cls(hf, builtin, allow_special_tokens)
+        chat.dry_render()
+        return chat
+
+    def dry_render(self) -> None:
+        """TemplateRefused in one line where the template cannot render one user message within
+        its bounds (render_bound.py): such a template would fail every chat."""
+        try:
+            self.render([{"role": "user", "content": "Hello"}])
+        except ApiError as e:
+            raise TemplateRefused(f"the chat template cannot render a one-message chat: "
+                                  f"{e.message}") from None
 
     @property
     def template(self) -> str:
@@ -91,9 +103,13 @@ class ChatTemplate:
         elif tools:
             kw["tools"] = list(tools)
         try:
-            return self._hf.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=add_generation_prompt,
-                                                **kw)
+            return bounded(lambda: self._hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kw))
         except (TemplateError, ValueError) as e:  # e.g. the template's raise_exception
             raise ApiError(400, f"the chat template refused the messages: {e}",
                            "messages") from None
+        except RenderTimeout as e:
+            raise ApiError(500, str(e)) from None
+        except Exception as e:  # noqa: BLE001  the template is a program: one line, no trace
+            raise ApiError(500, f"the chat template failed ({type(e).__name__}: "
+                                f"{str(e)[:200]})") from None

@@ -40,6 +40,7 @@ from frontend.http.auth import Guard
 from frontend.http.chat import ChatTemplate
 from frontend.http.heap import HeapTrim
 from frontend.http.metrics import Metrics
+from frontend.http.render_bound import TemplateRefused
 from frontend.torchless import forbid_torch
 
 log = logging.getLogger("http")
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except ClientError as e:
         print(f"http: {e.message}", file=sys.stderr)
         return 1
-    except CurveKeyError as e:
+    except (CurveKeyError, TemplateRefused) as e:
         print(f"http: {e}", file=sys.stderr)
         return 2
     finally:
