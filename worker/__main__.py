@@ -6,6 +6,7 @@ import zmq
 
 from core.ipc.lifeline import die_with_parent, exit_now, sigterm_as_interrupt
 from worker.bf16 import dtype_name
+from worker.threads import cores, set_wait_policy, threads_problem, use_threads
 
 
 def main(argv=None) -> int:
@@ -31,6 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--draft", default=None, metavar="MODEL",
                    help="a draft model for speculative decoding (worker/draft.py), as --model"
                         " takes it; its vocabulary must be the model's")
+    p.add_argument("--threads", type=int, default=None,
+                   help="this process's CPU threads (worker/threads.py; default: the cores"
+                        " shared among the ranks on this machine)")
     p.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
     p.add_argument("--dist-init", default=None, metavar="tcp://HOST:PORT",
                    help="torch.distributed's rendezvous (rank 0 hosts it; default: a free"
@@ -41,6 +45,9 @@ def main(argv=None) -> int:
         p.error(why)
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    if why := threads_problem(a.threads, cores()):
+        p.error(why)
+    set_wait_policy()   # before torch loads libgomp, which reads it once
     die_with_parent()
     interrupts = sigterm_as_interrupt()
     from worker.settings import LOAD_ERRORS, draft_problem, problem, refuse  # torch loads after the lifeline
@@ -54,6 +61,7 @@ def main(argv=None) -> int:
     if a.tp != 1:
         from worker import tp
         return tp.main(a, sys.argv[1:] if argv is None else list(argv))
+    use_threads(a.threads or cores())
     from worker.load import make_runner
     from worker.process import serve
     from worker.registry_models import RegistryUnavailable

@@ -5,6 +5,7 @@ The model's config is read (not its weights); the checks are the loader's own.""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from core.config import layout_problem
 
@@ -74,7 +75,20 @@ def _check_config(model, tp, dtype, block_size, num_blocks, kv_memory, max_model
     archs.check_split(config, tp)
     limit = context_limit(config, max_model_len)
     kv.size_pool(kv.kv_shape(config, tp), block_size, getattr(torch, dtype), limit, num_blocks,
-                 kv_memory)
+                 kv_memory, weights=_weight_file_bytes(model) // tp)
+
+
+def _weight_file_bytes(model: str) -> int:
+    """The bytes of a local model's weight files (a .gguf, or a directory's safetensors): a
+    lower bound on the weights the worker will hold, so that the check before loading
+    refuses only a pool that cannot fit beside them (the worker checks again once they are
+    loaded). 0 for the presets and registry models, which are small."""
+    path = Path(model)
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return 0
 
 
 # What loading a model raises for a setting or a machine that cannot take it (a pool too

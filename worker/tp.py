@@ -26,6 +26,7 @@ import torch.distributed as dist
 from core.ipc.lifeline import REJOIN
 from core.ipc.protocol import ForwardBatch, Shutdown, decode, encode
 from worker.settings import LOAD_ERRORS, refuse
+from worker.threads import cores, default_threads, use_threads
 
 # Followers wait in a broadcast for as long as the core has nothing to run: no timeout.
 IDLE_WAIT = datetime.timedelta(days=365)
@@ -44,7 +45,7 @@ def _log(rank: int, msg: str) -> None:
 def main(a, argv: list[str]) -> int:
     """Rank a.rank of a.tp; `argv` is rank 0's command line, which the followers reuse."""
     per_node = a.tp // a.nnodes
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // per_node))
+    use_threads(a.threads or default_threads(1, per_node, cores()))
     ranks: list[subprocess.Popen] = []
     stopping = threading.Event()
     host, port = rendezvous(a.dist_init)

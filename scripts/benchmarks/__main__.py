@@ -6,6 +6,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 # One line each; a benchmark missing here shows its docstring's first line.
 SUMMARY = {
+    "bandwidth": "memory bandwidth: a STREAM-like triad and a read-only sum, 1 and more threads",
     "chaos": "the soak's workload over time, some over HTTP, while processes are killed",
     "compare": "tl-engine against plain transformers (and llama.cpp): one model, one workload",
     "curve": "what CurveZMQ costs per request at 64 in flight, with and without --curve",

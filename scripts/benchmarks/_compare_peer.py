@@ -9,7 +9,9 @@ prefix, so they stay near 0). Within a level the two take turns over consecutive
 the workload (`rounds`), so that this machine's drift in speed lands on both alike.
 Reported per level and system: output tok/s, TTFT and TPOT p50/p99 (client side, from the
 moment a request is sent), and how many requests' first --agree-first greedy tokens differ
-(docs/DESIGN.md, "llama.cpp as a peer").
+(docs/DESIGN.md, "llama.cpp as a peer"). Also (_compare_bandwidth.py): the triad's
+bandwidth, measured first; at concurrency 1 each system's bytes per token over its TPOT and
+that as a fraction of the triad; and llama-batched-bench's TG tok/s at each level.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ import signal
 import tempfile
 from pathlib import Path
 
+from scripts.benchmarks import _compare_bandwidth as cbw
 from scripts.benchmarks import _compare_shared as cs
 from scripts.benchmarks import _llamacpp_get as get
 from scripts.benchmarks import _llamacpp_serve as serve
 from scripts.benchmarks import _provenance as prov
+from scripts.benchmarks import bandwidth as bw
 from scripts.benchmarks import common as bl
 
 SYSTEMS = ("engine", "llamacpp")
@@ -158,7 +162,20 @@ def run_both(a, reqs, facts) -> dict:
     for c in a.concurrency:
         levels["engine"][c], levels["llamacpp"][c], args = run_level(a, reqs, c, peer)
     return {"engine": {"serve_args": args, "levels": levels["engine"]},
-            "llamacpp": {**peer.facts(), "levels": levels["llamacpp"]}}
+            "llamacpp": {**peer.facts(), "levels": levels["llamacpp"],
+                         "batched_bench": run_batched_bench(a, reqs, peer)}}
+
+
+def run_batched_bench(a, reqs, peer: Peer) -> dict:
+    """llama-batched-bench's TG tok/s per level ({"error"} where it could not run)."""
+    cs.say("== llama.cpp (llama-batched-bench) at the workload's mean lengths")
+    try:
+        binary = get.ensure_tool("llama-batched-bench")
+        return {"tok_s": cbw.batched_bench(binary, peer.gguf, bl.describe(reqs),
+                                           a.concurrency, peer.threads,
+                                           peer.logdir / "llama-batched-bench.log")}
+    except Exception as e:  # the servers' figures stand without it
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def run_engine_alone(a, reqs) -> dict:
@@ -174,7 +191,7 @@ def run_engine_alone(a, reqs) -> dict:
     return {"serve_args": args, "levels": levels}
 
 
-def summary(a, reqs, tokens, res: dict) -> dict:
+def summary(a, reqs, tokens, res: dict, triad: dict | None = None) -> dict:
     doc = {"model": a.model, "dtype": "float32", "concurrency": a.concurrency,
            "weights": (f"the GGUF file's own blocks on both sides ({a.gguf_type or 'as shipped'})"
                        if a.gguf else "float32 on both sides"),
@@ -198,8 +215,28 @@ def summary(a, reqs, tokens, res: dict) -> dict:
             row["agreement"] = first_token_agreement(e["outputs"], p["outputs"], a.agree_first,
                                                      set(eog))
         doc["levels"][c] = row
+    add_bandwidth(doc, res, triad, a.gguf)
     doc["goals"] = goals(doc["levels"], a.gguf is not None)
     return doc
+
+
+def add_bandwidth(doc: dict, res: dict, triad: dict | None, gguf: str | None) -> None:
+    """The triad, bytes per token and each system's bandwidth at concurrency 1, and
+    llama-batched-bench's tok/s per level, where the run has them."""
+    doc["bandwidth"] = triad
+    doc["bandwidth_gb_s"] = triad["triad_gb_s"] if triad else None
+    source = res.get("llamacpp", {}).get("gguf") or gguf
+    doc["bytes_per_token"] = cbw.bytes_per_token(source) if source else None
+    batched = res.get("llamacpp", {}).get("batched_bench", {}).get("tok_s", {})
+    for c, row in doc["levels"].items():
+        row["llamacpp_batched_bench_tok_s"] = batched.get(c)
+    one = doc["levels"].get(1)
+    if one is None or not (doc["bytes_per_token"] and triad):
+        return
+    for n in SYSTEMS:
+        tpot = (one.get(n) or {}).get("tpot_ms", {}).get("p50")
+        got = cbw.drawn(doc["bytes_per_token"]["bytes_per_token"], tpot, triad["triad_gb_s"])
+        one[f"{n}_bandwidth_gb_s"], one[f"{n}_bandwidth_fraction"] = got["gb_s"], got["fraction"]
 
 
 def goals(levels: dict, same_file: bool = False) -> dict:
@@ -242,6 +279,7 @@ def report(doc: dict) -> str:
     tail = [f"  goal {k}: {v['ratio']:.2f} ({'met' if v['met'] else 'not met'})"
             for k, v in doc["goals"].items()]
     tail += [f"  {LABELS[n]}: {doc[n]['error']}" for n in SYSTEMS if "error" in doc[n]]
+    tail += bandwidth_lines(doc)
     engine = {c: row.get("engine") or {} for c, row in doc["levels"].items()}
     hits = [f"{c}: {e['prefix_hit_tokens']}/{e['prefix_query_tokens']}"
             for c, e in engine.items() if "prefix_query_tokens" in e]
@@ -253,19 +291,42 @@ def report(doc: dict) -> str:
     return "\n".join([head, table, *tail])
 
 
+def bandwidth_lines(doc: dict) -> list[str]:
+    """The report's lines for the triad, bytes per token and llama-batched-bench."""
+    out = []
+    if doc.get("bandwidth_gb_s"):
+        out.append(f"  triad {doc['bandwidth_gb_s']:.2f} GB/s at {doc['bandwidth']['threads']}"
+                   f" threads (read-only sum {doc['bandwidth']['sum_gb_s']:.2f})")
+    one, bpt = doc["levels"].get(1) or {}, doc.get("bytes_per_token")
+    if bpt:
+        drawn = [f"{LABELS[n]} {one[f'{n}_bandwidth_gb_s']:.2f} GB/s"
+                 f" ({one[f'{n}_bandwidth_fraction']:.0%} of the triad)" for n in SYSTEMS
+                 if one.get(f"{n}_bandwidth_gb_s") is not None]
+        out.append(f"  bytes/token {bpt['bytes_per_token'] / 1e6:.1f} MB"
+                   + (f"; at c1: {', '.join(drawn)}" if drawn else ""))
+    bench = {c: r["llamacpp_batched_bench_tok_s"] for c, r in doc["levels"].items()
+             if r.get("llamacpp_batched_bench_tok_s") is not None}
+    if bench:
+        out.append("  llama-batched-bench TG tok/s: "
+                   + ", ".join(f"c{c} {v:.1f}" for c, v in bench.items()))
+    return out
+
+
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)   # so that `finally` stops llama-server and the group
 
 
 def main(a, reqs, tokens, facts, start: prov.RunStart) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    cs.say("== memory bandwidth (triad)")
+    triad = bw.measure(bw.DEFAULT_SIZE_MB, serve.threads(), bw.DEFAULT_RUNS)
     try:
         res = run_both(a, reqs, facts)
     except Exception as e:  # report what failed, as a run's result
         import traceback
         traceback.print_exc()
         res = {n: {"error": f"{type(e).__name__}: {e}"} for n in SYSTEMS}
-    doc = summary(a, reqs, tokens, res)
+    doc = summary(a, reqs, tokens, res, triad)
     print(report(doc))
     if a.json:
         bl.write_json(a.json, prov.stamp(doc, start, a.model))

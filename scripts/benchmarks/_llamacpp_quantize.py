@@ -8,7 +8,10 @@ from pathlib import Path
 
 from scripts.benchmarks import _llamacpp_get as get
 
-TYPES = ("Q8_0", "Q4_0", "Q4_1", "F32")   # F32: the source's values, dequantized
+# F32: the source's values, dequantized; Q4_K and Q5_K are llama-quantize's names for
+# Q4_K_M and Q5_K_M
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K", "Q4_K", "Q5_K",
+         "F32")
 
 
 def requantized(src: Path, qtype: str) -> Path:

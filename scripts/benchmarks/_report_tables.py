@@ -107,12 +107,27 @@ def compare_llamacpp(doc: dict) -> str:
                 ratio = num(row.get("engine_over_llamacpp_tok_s"), ".2f")
             else:
                 hits, ratio = "cache off", ""
+            bench = "" if name == "engine" else num(row.get("llamacpp_batched_bench_tok_s"))
             rows.append((c, label, num(f.get("output_tok_s")), _ms_pair(f, "ttft_ms"),
-                         _ms_pair(f, "tpot_ms"), hits, ratio))
+                         _ms_pair(f, "tpot_ms"), hits, ratio, _drawn(row, name), bench))
     caches = doc.get("caches") or "not recorded (before each level started cold)"
-    return (markdown(("in flight", "system", "out tok/s", "TTFT p50 / p99 ms",
-                      "TPOT p50 / p99 ms", "prefix hit / query tokens", "tl-engine / llama.cpp"),
-                     rows) + f"\n\nCaches: {caches}.")
+    header = ("in flight", "system", "out tok/s", "TTFT p50 / p99 ms", "TPOT p50 / p99 ms",
+              "prefix hit / query tokens", "tl-engine / llama.cpp")
+    triad = ""
+    if "bandwidth_gb_s" in doc:   # runs before the bandwidth figures keep their columns
+        header += ("GB/s (of triad)", "llama-batched-bench tok/s")
+        triad = (f" Triad {num(doc['bandwidth_gb_s'], '.2f')} GB/s, bytes per token"
+                 f" {num(get(doc, 'bytes_per_token', 'bytes_per_token'), ',.0f')}.")
+    rows = [r[:len(header)] for r in rows]
+    return markdown(header, rows) + f"\n\nCaches: {caches}.{triad}"
+
+
+def _drawn(row: dict, name: str) -> str:
+    """A system's bandwidth at concurrency 1 and its share of the triad; blank elsewhere."""
+    gb_s = row.get(f"{name}_bandwidth_gb_s")
+    if gb_s is None:
+        return ""
+    return f"{gb_s:.2f} ({row.get(f'{name}_bandwidth_fraction') or 0:.0%})"
 
 
 COMPARE_LABELS = {"engine": "tl-engine (process group)",

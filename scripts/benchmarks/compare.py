@@ -38,6 +38,7 @@ from scripts.benchmarks import _compare_phases as ph
 from scripts.benchmarks import _compare_shared as cs
 from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
+from scripts.benchmarks._llamacpp_quantize import TYPES as GGUF_TYPES
 
 PHASES = ("engine", "hf_sequential", "hf_static", "hf_cb")
 LABELS = {"engine": "tl-engine (process group)", "hf_sequential": "HF generate, one at a time",
@@ -58,7 +59,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--gguf", metavar="FILE",
                    help="with --peer: both systems serve this GGUF file as it is (the engine"
                         " on its quantized blocks); instead of --model")
-    p.add_argument("--gguf-type", choices=("Q8_0", "Q4_0", "Q4_1"),
+    p.add_argument("--gguf-type", choices=[t for t in GGUF_TYPES if t != "F32"],
                    help="with --gguf: first re-quantize it with llama.cpp's llama-quantize")
     p.add_argument("--concurrency", default="1,8,64",
                    help="with --peer: comma-separated requests in flight")

@@ -63,7 +63,7 @@ def replica_commands(a: argparse.Namespace, ipc: str, log: str | None,
 def worker_args(a: argparse.Namespace) -> list[str]:
     """What every rank of a worker is started with, on any machine."""
     out = ["--model", a.model, "--device", a.device, "--dtype", a.dtype,
-           "--block-size", str(a.block_size)]
+           "--block-size", str(a.block_size), "--threads", str(a.threads)]
     if a.tp != 1:
         out += ["--tp", str(a.tp)]
     if a.nnodes > 1:

@@ -42,6 +42,7 @@ from scripts.group.commands import (commands, default_log, http_command, rank_co
 from scripts.group.procs import Children
 from worker.bf16 import dtype_name
 from worker.load import model_problem
+from worker.threads import cores, default_threads, threads_problem
 
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
                         # (it checks the core's pid every 0.25 s)
@@ -65,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--dequantize", action="store_true",
                        help="serve a quantized GGUF as float weights of --dtype (default: on its"
                             " quantized blocks; docs/design/cpu-paths.md, Quantized weights)")
+    model.add_argument("--threads", type=int, default=None,
+                       help="CPU threads of each worker process (default: the cores, shared"
+                            " evenly among the --dp replicas' --tp ranks; worker/threads.py)")
     model.add_argument("--quantize", choices=["q8_0", "q4_0"], default=None,
                        help="quantize a float checkpoint's linear layers at load")
     sched = p.add_argument_group("scheduling")
@@ -159,6 +163,10 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--batch-invariant runs with --tp 1")
     if a.max_compile_ms < 1:
         p.error(f"--max-compile-ms must be at least 1, not {a.max_compile_ms}")
+    if why := threads_problem(a.threads, cores()):
+        p.error(why)
+    if a.threads is None:   # every worker process is started with its share
+        a.threads = default_threads(max(1, a.dp), a.tp // a.nnodes, cores())
     return a
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import ROOT
+from scripts.benchmarks import _compare_bandwidth as cbw
 from scripts.benchmarks import _compare_peer as peer
 from scripts.benchmarks import _compare_shared as cs
 from scripts.benchmarks import _llamacpp_get as get
@@ -93,7 +94,7 @@ def test_parse_peer_defaults_and_refusals():
                           "Q8_0"]).gguf_type == "Q8_0"
     for bad in (["--concurrency", "0"], ["--concurrency", "a,b"], ["--peer", "vllm"],
                 ["--gguf", "m.gguf"], ["--peer", "llamacpp", "--gguf-type", "Q8_0"],
-                ["--peer", "llamacpp", "--gguf", "m.gguf", "--gguf-type", "Q5_K"]):
+                ["--peer", "llamacpp", "--gguf", "m.gguf", "--gguf-type", "Q2_K"]):
         with pytest.raises(SystemExit):
             compare.parse(bad)
 
@@ -118,6 +119,9 @@ def test_compare_peer_llamacpp_tiny(tmp_path):
             assert row[name]["completed"] == 4 and row[name]["output_tokens"] == want
         # the same weights: tiny's logit gaps are far above f32 noise (worker/presets.py)
         assert row["agreement"]["compared"] == 4 and row["agreement"]["differ"] == 0
+        assert row["llamacpp_batched_bench_tok_s"] > 0
+    assert doc["bandwidth_gb_s"] > 0 and doc["bytes_per_token"]["bytes_per_token"] > 0
+    assert all(doc["levels"]["1"][f"{n}_bandwidth_fraction"] > 0 for n in peer.SYSTEMS)
 
 
 def _fake_pair(tmp_path: Path, vocab: int = 8):
@@ -154,3 +158,76 @@ def test_check_model_passes_the_same_and_refuses_other_weights(tmp_path):
     save_file(tensors, str(hf_dir / "model.safetensors"))
     with pytest.raises(ValueError, match="blk.0.ffn_down.weight differs"):
         get.check_model(path, hf_dir)
+
+
+def _gguf(path: Path, tied: bool) -> Path:
+    """A llama GGUF of three F32 tensors: a 10 x 4 embedding, one 4 x 4 layer, a head."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.ones((10, 4), dtype=np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.ones((4, 4), dtype=np.float32))
+    if not tied:
+        w.add_tensor("output.weight", np.ones((10, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_bytes_per_token_count_one_embedding_row_and_the_whole_head(tmp_path):
+    untied = cbw.bytes_per_token(_gguf(tmp_path / "u.gguf", tied=False))
+    assert untied == {"bytes_per_token": 64 + 160 + 16, "weight_bytes": 160 + 64 + 160,
+                      "tied": False}
+    tied = cbw.bytes_per_token(_gguf(tmp_path / "t.gguf", tied=True))
+    assert tied == {"bytes_per_token": 64 + 160, "weight_bytes": 160 + 64, "tied": True}
+
+
+# llama-batched-bench --output-format jsonl, as it printed on this machine (and a log line)
+BATCHED_BENCH = """main: n_kv_max = 1024
+{"n_kv_max": 1024, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, "is_pp_shared": 0, "n_gpu_layers": -1, "n_threads": 2, "n_threads_batch": 2, "pp": 32, "tg": 4, "pl": 1, "n_kv": 36, "t_pp": 1.434801, "speed_pp": 22.302744, "t_tg": 0.373881, "speed_tg": 10.698591, "t": 1.808682, "speed": 19.903997}
+{"n_kv_max": 1024, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, "is_pp_shared": 0, "n_gpu_layers": -1, "n_threads": 2, "n_threads_batch": 2, "pp": 32, "tg": 4, "pl": 2, "n_kv": 72, "t_pp": 6.920807, "speed_pp": 9.247477, "t_tg": 3.658189, "speed_tg": 2.186874, "t": 10.578996, "speed": 6.805939}
+"""
+
+
+def test_batched_bench_output_is_tg_tok_s_per_level():
+    assert cbw.parse_batched_bench(BATCHED_BENCH) == {1: 10.698591, 2: 2.186874}
+    args = cbw.batched_bench_args(Path("b"), Path("m.gguf"), 100, 20, [1, 8], 2)
+    assert args[args.index("-c") + 1] == str(8 * 120)
+    assert args[args.index("-npl") + 1] == "1,8" and "jsonl" in args
+
+
+def test_bandwidth_figures_join_the_levels(tmp_path):
+    path = _gguf(tmp_path / "m.gguf", tied=True)   # 224 bytes a token
+    doc = {"levels": {1: {"engine": {"tpot_ms": {"p50": 1e-3}},
+                          "llamacpp": {"tpot_ms": {"p50": 2e-3}}}, 8: {}}}
+    res = {"llamacpp": {"gguf": str(path), "batched_bench": {"tok_s": {1: 50.0, 8: 300.0}}}}
+    triad = {"threads": 2, "size_mb": 1, "triad_gb_s": 0.448, "sum_gb_s": 1.0}
+    peer.add_bandwidth(doc, res, triad, None)
+    one = doc["levels"][1]
+    assert one["engine_bandwidth_gb_s"] == pytest.approx(0.224)   # 224 B per microsecond
+    assert one["engine_bandwidth_fraction"] == pytest.approx(0.5)
+    assert one["llamacpp_bandwidth_fraction"] == pytest.approx(0.25)
+    assert [doc["levels"][c]["llamacpp_batched_bench_tok_s"] for c in (1, 8)] == [50.0, 300.0]
+    assert doc["bandwidth_gb_s"] == 0.448 and doc["bytes_per_token"]["tied"]
+    lines = "\n".join(peer.bandwidth_lines(doc))
+    assert "50% of the triad" in lines and "c8 300.0" in lines
+
+
+def test_bandwidth_smoke_writes_its_json(tmp_path):
+    from scripts.benchmarks import bandwidth
+    out = tmp_path / "bw.json"
+    assert bandwidth.main(["--size-mb", "1", "--runs", "1", "--threads", "1,2",
+                           "--json", str(out), "--allow-dirty"]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["threads"] for r in doc["levels"]] == [1, 2]
+    assert all(r["triad_gb_s"] > 0 and r["sum_gb_s"] > 0 for r in doc["levels"])
+
+
+def test_gguf_type_takes_the_k_quants():
+    from scripts.benchmarks import compare
+    a = compare.parse(["--peer", "llamacpp", "--gguf", "m.gguf", "--gguf-type", "Q4_K_M"])
+    assert a.gguf_type == "Q4_K_M"
+    with pytest.raises(SystemExit):
+        compare.parse(["--peer", "llamacpp", "--gguf", "m.gguf", "--gguf-type", "F32"])

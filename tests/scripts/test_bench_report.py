@@ -145,3 +145,14 @@ def test_the_curve_table_gives_each_setting_and_the_cost():
                         "curve": {"median_us": 441.5, "min_us": 430.0, "max_us": 460.0}}}
     text = rt.table(doc)
     assert "| curve | 441.5 | 430.0 | 460.0 |" in text and "costs 41.5 us" in text, text
+
+
+def test_the_llamacpp_table_gives_bandwidth_and_batched_bench():
+    f = {"output_tok_s": 40.0, "tpot_ms": {"p50": 20.0, "p99": 30.0},
+         "ttft_ms": {"p50": 5.0, "p99": 9.0}}
+    doc = {"llamacpp": {}, "bandwidth_gb_s": 12.5, "bytes_per_token": {"bytes_per_token": 1000},
+           "levels": {"1": {"engine": f, "llamacpp": f, "engine_bandwidth_gb_s": 3.0,
+                            "engine_bandwidth_fraction": 0.24, "llamacpp_batched_bench_tok_s":
+                            61.0}}}
+    text = rt.table(doc)
+    assert "3.00 (24%)" in text and "61.0" in text and "Triad 12.50 GB/s" in text, text

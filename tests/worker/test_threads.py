@@ -1,0 +1,114 @@
+"""The worker's CPU threads (worker/threads.py): serve's --threads and its default reach
+the worker's torch pool, the wait policy is set before torch loads and a user's own is
+kept, bad counts are refused in one line, and the logits do not depend on the count."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scripts import ROOT
+from scripts.group.commands import commands, rank_commands
+from scripts.group.supervisor import parse
+from worker import __main__ as worker_main
+from worker.handmade import Part, make_batch
+from worker.load import make_runner
+from worker.threads import (DEFAULT_WAIT, MAX_THREADS_PER_CORE, cores, default_threads,
+                            set_wait_policy, threads_problem)
+
+ENDPOINTS = ["--to-core", "ipc:///nowhere/a", "--from-core", "ipc:///nowhere/b"]
+
+
+def test_the_default_shares_the_cores_among_the_worker_processes():
+    assert default_threads(1, 1, 16) == 16
+    assert default_threads(2, 1, 16) == 8
+    assert default_threads(2, 4, 16) == 2
+    assert default_threads(2, 1, 2) == 1
+    assert default_threads(3, 1, 2) == 1   # never 0
+
+
+def test_bad_thread_counts_are_refused():
+    assert threads_problem(None, 2) is None and threads_problem(8, 2) is None
+    assert "at least 1" in threads_problem(0, 2)
+    assert "at least 1" in threads_problem(-3, 2)
+    assert "per core" in threads_problem(MAX_THREADS_PER_CORE * 2 + 1, 2)
+
+
+def test_serve_passes_each_worker_its_threads(capsys):
+    assert _flag(commands(parse(["--threads", "3"]), "/tmp/x", None)["worker"]) == "3"
+    assert _flag(commands(parse([]), "/tmp/x", None)["worker"]) == str(cores())
+    dp = commands(parse(["--dp", "2"]), "/tmp/x", None)
+    assert _flag(dp["worker0"]) == _flag(dp["worker1"]) == str(default_threads(2, 1, cores()))
+    ranks = rank_commands(parse(["--tp", "4", "--nnodes", "2", "--node-rank", "1",
+                                 "--dist-init", "tcp://127.0.0.1:1"]))
+    assert {_flag(c) for c in ranks.values()} == {str(default_threads(1, 2, cores()))}
+    for bad in ("0", "100000"):
+        with pytest.raises(SystemExit):
+            parse(["--threads", bad])
+        assert "--threads" in capsys.readouterr().err
+
+
+def _flag(cmd: list[str]) -> str:
+    return cmd[cmd.index("--threads") + 1]
+
+
+def test_the_wait_policy_is_the_default_unless_the_user_chose_one():
+    env: dict[str, str] = {}
+    assert set_wait_policy(env) == DEFAULT_WAIT and env == DEFAULT_WAIT
+    for own in ({"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "0"}):
+        env = dict(own)
+        assert set_wait_policy(env) == {} and env == own
+
+
+def test_the_worker_module_loads_no_torch_before_it_sets_the_wait_policy():
+    # libgomp reads the policy once, when torch loads it
+    code = "import sys, worker.__main__; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env={"PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "False"
+
+
+def test_the_workers_threads_are_its_flag(monkeypatch):
+    """python -m worker --threads 1: torch's pool is 1 wide when the model loads."""
+    seen = []
+
+    def fake_runner(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise ValueError("stop here")
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")   # set_wait_policy leaves os.environ
+    monkeypatch.setattr(worker_main, "die_with_parent", lambda: None)
+    monkeypatch.setattr(worker_main, "sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr("worker.load.make_runner", fake_runner)
+    before = torch.get_num_threads()
+    try:
+        assert worker_main.main([*ENDPOINTS, "--model", "tiny", "--threads", "1"]) == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
+    with pytest.raises(SystemExit):
+        worker_main.main([*ENDPOINTS, "--model", "tiny", "--threads", "0"])
+
+
+@pytest.mark.parametrize("quantize", [None, "q4_0"])
+def test_logits_are_the_same_bits_with_one_and_two_threads(quantize):
+    runner = make_runner("tiny", num_blocks=32, batch_invariant=True, quantize=quantize)
+    bs = runner.info.block_size
+    prompts = [list(range(5, 40)), [7] * 20, list(range(300, 303))]
+    batch = make_batch([Part(p, 0, len(p), [3 * i, 3 * i + 1, 3 * i + 2])
+                        for i, p in enumerate(prompts)], bs)
+    decode = make_batch([Part(p + [11], len(p), 1, [3 * i, 3 * i + 1, 3 * i + 2])
+                         for i, p in enumerate(prompts)], bs, step=1)
+    before = torch.get_num_threads()
+    out = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runner.kv.zero_()
+            out[threads] = [runner.logits(batch).clone(), runner.logits(decode).clone()]
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(out[1], out[2]):
+        assert torch.equal(one, two)
