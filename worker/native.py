@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,13 +69,27 @@ def build(source: Path, extra: tuple[str, ...] = (), compiler: str | None = None
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
-    key = hashlib.blake2b(source.read_bytes(), digest_size=8)
+    key = hashlib.blake2b(digest_size=8)
+    for text in _sources(source):
+        key.update(text)
     for part in (cc, *FLAGS, *extra, _compiler_version(cc), cpu_flags()):
         key.update(part.encode())
     from worker.presets import cache_root
     out = cache_root().parent / "native" / f"{source.stem}-{key.hexdigest()}.so"
     if not out.exists():
         _compile(cc, source, out, extra)
+    return out
+
+
+def _sources(source: Path, seen: frozenset[Path] = frozenset()) -> list[bytes]:
+    """The bytes of `source` and of every header it includes by `#include "name"`, at any
+    depth (the build cache's key covers them: a changed header builds anew)."""
+    text = source.read_bytes()
+    out = [text]
+    for name in re.findall(rb'^\s*#\s*include\s+"([^"]+)"', text, re.M):
+        header = source.parent / name.decode()
+        if header not in seen and header.exists():
+            out += _sources(header, seen | {source, header})
     return out
 
 

@@ -1,6 +1,6 @@
-"""GGUF tensor types the kernel has no code for (the K-quants, Q5_0, Q5_1), re-quantized at
-load to Q8_0, the native type nearest above them in precision (docs/design/cpu-paths.md,
-"Quantized weights").
+"""GGUF tensor types the kernel has no code for (Q2_K, Q3_K: the kernel multiplies Q5_0, Q5_1,
+Q4_K, Q5_K and Q6_K natively, worker/linear/quant.py), re-quantized at load to Q8_0, the
+native type nearest above them in precision (docs/design/cpu-paths.md, "Quantized weights").
 
 Each block is decoded with gguf-py's reference dequantizer (the very float weights the
 converted checkpoint holds) and quantized again with ggml's Q8_0 quantizer
@@ -18,8 +18,7 @@ from worker.linear.quant import Q8_0, QuantWeight
 from worker.linear.quantize import quantize
 
 # bits a weight of each type re-quantized here (ggml's block sizes)
-BITS = {"Q5_0": 5.5, "Q5_1": 6.0, "Q2_K": 2.625, "Q3_K": 3.4375, "Q4_K": 4.5,
-        "Q5_K": 5.5, "Q6_K": 6.5625}
+BITS = {"Q2_K": 2.625, "Q3_K": 3.4375}
 TARGET = Q8_0
 TARGET_BITS = 8.5
 

@@ -145,16 +145,22 @@ def test_a_rows_result_does_not_depend_on_the_batch(lib, qtype):
     # 101 columns: two of the kernel's 48-column decoded chunks and a ragged third; from 16
     # rows on (6 with AVX2), the call multiplies decoded weights (quant_gemm.c, PRE_ROWS)
     qw, x, b = quantize(weight(101, 128), qtype), rows(300, 128), torch.randn(101)
+    batch_invariant(qw, x, b, (2, 3, 4, 5, 6, 7, 11, 15, 16, 17, 31, 33, 64, 300))
+
+
+def batch_invariant(qw: quant.QuantWeight, x: torch.Tensor, b: torch.Tensor, sizes) -> None:
+    """Rows alone equal rows in calls of each size in `sizes` (and of rows 7-18), and 1
+    thread equals 2 on 1 and 40 rows."""
     alone = torch.cat([quant.matmul(x[i:i + 1], qw, b) for i in range(len(x))])
-    for m in (2, 3, 4, 5, 6, 7, 11, 15, 16, 17, 31, 33, 64, 300):
+    for m in sizes:
         assert torch.equal(quant.matmul(x[:m], qw, b), alone[:m]), m
     assert torch.equal(quant.matmul(x[7:19], qw, b), alone[7:19])
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = quant.matmul(x[:40], qw)
+        one = [quant.matmul(x[:m], qw) for m in (1, 40)]
         torch.set_num_threads(2)
-        assert torch.equal(quant.matmul(x[:40], qw), one)
+        assert all(torch.equal(quant.matmul(x[:m], qw), y) for m, y in zip((1, 40), one))
     finally:
         torch.set_num_threads(before)
 

@@ -45,6 +45,20 @@ def test_quant_linear_equals_the_python_kernel(cxx, qtype, shape):
                        quant_linear(t, qw.data, None, qtype.ggml_id))
 
 
+@pytest.mark.parametrize("qtype", [quant.Q5_0, quant.Q5_1, quant.Q4_K, quant.Q5_K, quant.Q6_K],
+                         ids=lambda t: t.name)
+def test_quant_linear_takes_the_k_quants_and_q5(cxx, qtype):
+    from tests.worker.test_kquant_kernels import weight
+    qw, b = weight(qtype, 37, 512), torch.randn(37)
+    for x in (torch.randn(1, 512), torch.randn(2, 9, 512)):
+        assert torch.equal(cxx.quant_linear(x, qw.data, b, qtype.ggml_id),
+                           quant_linear(x, qw.data, b, qtype.ggml_id))
+    if qtype.block == 256:   # rows of part of a super-block: refused by the C kernel
+        with pytest.raises(RuntimeError, match="refused type"):
+            cxx.quant_linear(torch.randn(2, 160), qw.data[:, :qtype.block_bytes].contiguous(), None,
+                             qtype.ggml_id)
+
+
 def test_row_ops_equal_the_python_kernels(cxx):
     x, r, w = torch.randn(3, 5, 64), torch.randn(3, 5, 64), torch.randn(64)
     for a in (x, x.transpose(0, 1)):

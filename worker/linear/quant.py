@@ -1,4 +1,5 @@
-"""Linear layers on weights kept in GGUF's quantized blocks (Q8_0, Q4_0, Q4_1): the C kernel
+"""Linear layers on weights kept in GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in
+blocks of 32 weights; the K-quants Q4_K, Q5_K, Q6_K in super-blocks of 256): the C kernel
 (csrc/quant_gemm.c) multiplies float32 rows by them without unpacking them, every output
 summed in one fixed order (docs/design/cpu-paths.md, "Quantized weights"). Without the
 kernel (no C compiler, TL_NATIVE=0) `matmul` dequantizes and calls F.linear: the same
@@ -20,7 +21,7 @@ from worker import native
 
 SOURCE = Path(__file__).parent.parent / "csrc" / "quant_gemm.c"
 LIBS = ("-lm",)   # fmaf, where the CPU has no FMA instructions
-BLOCK = 32        # weights per block, every type here
+BLOCK = 32        # weights per block of the 32-weight types, the run every type's sum takes
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -28,30 +29,37 @@ _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 class QuantType:
     name: str
     ggml_id: int        # ggml's type number, what the kernel takes
-    block_bytes: int    # fp16 scale (and Q4_1's fp16 min), then the packed weights
+    block_bytes: int    # fp16 scales, then the packed weights (ggml's layouts, quant_blocks.h)
+    block: int = BLOCK  # weights per block: 32, or 256 for the K-quants' super-blocks
 
 
 Q8_0 = QuantType("Q8_0", 8, 34)
 Q4_0 = QuantType("Q4_0", 2, 18)
 Q4_1 = QuantType("Q4_1", 3, 20)
-TYPES = {t.name: t for t in (Q8_0, Q4_0, Q4_1)}
+Q5_0 = QuantType("Q5_0", 6, 22)
+Q5_1 = QuantType("Q5_1", 7, 24)
+Q4_K = QuantType("Q4_K", 12, 144, 256)
+Q5_K = QuantType("Q5_K", 13, 176, 256)
+Q6_K = QuantType("Q6_K", 14, 210, 256)
+TYPES = {t.name: t for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)}
 BY_ID = {t.ggml_id: t for t in TYPES.values()}
 
 
 @dataclass(frozen=True)
 class QuantWeight:
-    """An [out, in] weight as GGUF stores it: row n is in / 32 blocks of `qtype`, `data`
-    [out, in / 32 * block_bytes] uint8 on the CPU."""
+    """An [out, in] weight as GGUF stores it: row n is in / qtype.block blocks of `qtype`,
+    `data` [out, in / qtype.block * block_bytes] uint8 on the CPU."""
     data: torch.Tensor
     qtype: QuantType
     shape: tuple[int, int]
 
     def __post_init__(self):
         out, k = self.shape
-        if k <= 0 or k % BLOCK:
+        block = self.qtype.block
+        if k <= 0 or k % block:
             raise ValueError(f"a {self.qtype.name} weight's input size must be a positive "
-                             f"multiple of {BLOCK}, not {k}")
-        want = (out, k // BLOCK * self.qtype.block_bytes)
+                             f"multiple of {block}, not {k}")
+        want = (out, k // block * self.qtype.block_bytes)
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want:
             raise ValueError(f"a {self.qtype.name} weight of shape {self.shape} is uint8 "
                              f"{list(want)}, not {self.data.dtype} {list(self.data.shape)}")
@@ -98,7 +106,7 @@ def matmul(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
 
 def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
                   bias: torch.Tensor | None = None, lib=None) -> torch.Tensor:
-    """matmul on a weight's bare blocks (`data` [out, in / 32 * block_bytes] uint8, type
+    """matmul on a weight's bare blocks (`data` [out, in / block * block_bytes] uint8, type
     `ggml_id`): the kernel of the decode graph's op tl::quant_linear (worker/graph.py)."""
     out, k = data.shape[0], x.shape[-1]
     lib = lib or kernel()
@@ -122,21 +130,97 @@ def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
 
 def dequantize(qw: QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The [out, in] weight in `dtype`. In float64 every weight is exact; in float32 each is
-    the float nearest its exact value (d * q is exact, so one rounding at most), the very
-    weights the kernel multiplies by."""
+    the float nearest its exact value, the very weights the kernel multiplies by and the bits
+    gguf-py's dequantize gives: every product of a scale and a quant is exact in float32
+    (at most 11 + 7 + 5 bits), so only an added min (Q4_1, Q5_1) or a subtracted one
+    (Q4_K, Q5_K) rounds, once."""
     out, k = qw.shape
-    blocks = qw.data.view(out, k // BLOCK, qw.qtype.block_bytes)
-    d = _halves(blocks, 0).to(dtype)
-    if qw.qtype is Q8_0:
-        return (d * blocks[..., 2:].view(torch.int8).to(dtype)).view(out, k)
-    q = nibbles(blocks[..., 4:] if qw.qtype is Q4_1 else blocks[..., 2:]).to(dtype)
-    if qw.qtype is Q4_0:
-        return (d * (q - 8)).view(out, k)
-    return (d * q + _halves(blocks, 2).to(dtype)).view(out, k)
+    blocks = qw.data.view(out, k // qw.qtype.block, qw.qtype.block_bytes)
+    return _DECODE[qw.qtype.name](blocks, dtype).reshape(out, k)
+
+
+def _q8_0(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _halves(b, 0).to(dtype) * b[..., 2:].view(torch.int8).to(dtype)
+
+
+def _q4_0(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _halves(b, 0).to(dtype) * (nibbles(b[..., 2:]).to(dtype) - 8)
+
+
+def _q4_1(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _halves(b, 0).to(dtype) * nibbles(b[..., 4:]).to(dtype) + _halves(b, 2).to(dtype)
+
+
+def _fives(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """Q5_0/Q5_1's 32 five-bit values: nibble j, plus 16 where bit j of the 4 bytes qh is set."""
+    j = torch.arange(32)
+    high = (qh.to(torch.int32)[..., j // 8] >> (j % 8)) & 1
+    return nibbles(qs).to(torch.int32) | high << 4
+
+
+def _q5_0(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _halves(b, 0).to(dtype) * (_fives(b[..., 2:6], b[..., 6:]) - 16).to(dtype)
+
+
+def _q5_1(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    q = _fives(b[..., 4:8], b[..., 8:]).to(dtype)
+    return _halves(b, 0).to(dtype) * q + _halves(b, 2).to(dtype)
+
+
+def _scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K's eight 6-bit sub-block scales and mins, packed in 12 bytes: bytes 0-3
+    hold scales 0-3 (and the top 2 bits of scales 4-7), bytes 4-7 mins 0-3 (and the top bits
+    of mins 4-7), bytes 8-11 the low nibbles of scales 4-7 and, high, of mins 4-7."""
+    s = scales.to(torch.int32)
+    sc, mn, low = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    return (torch.cat([sc & 63, (low & 15) | (sc >> 2 & 48)], dim=-1),
+            torch.cat([mn & 63, (low >> 4) | (mn >> 2 & 48)], dim=-1))
+
+
+def _k_runs(b: torch.Tensor, q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Q4_K/Q5_K: run r's weights d * scale_r * q - dmin * min_r, q [..., 8, 32]."""
+    sc, mn = _scale_min(b[..., 4:16])
+    d = (_halves(b, 0).to(dtype) * sc.to(dtype))[..., None]
+    m = (_halves(b, 2).to(dtype) * mn.to(dtype))[..., None]
+    return d * q.to(dtype) - m
+
+
+def _low_high(qs: torch.Tensor) -> torch.Tensor:
+    """[..., 128] bytes -> [..., 8, 32] nibbles: run 2i the low nibbles of bytes 32i..32i+31,
+    run 2i + 1 their high ones."""
+    return nibbles(qs.reshape(*qs.shape[:-1], 4, 32)).reshape(*qs.shape[:-1], 8, 32)
+
+
+def _q4_k(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _k_runs(b, _low_high(b[..., 16:144]), dtype)
+
+
+def _q5_k(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bit r of qh byte l is the fifth bit of run r's weight l."""
+    high = (b[..., None, 16:48].to(torch.int32) >> torch.arange(8)[:, None]) & 1
+    return _k_runs(b, _low_high(b[..., 48:176]).to(torch.int32) | high << 4, dtype)
+
+
+def _q6_k(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Two halves of 128 weights: 64 ql bytes (weights l and l + 64 from byte l's nibbles,
+    l < 64) and 32 qh bytes (bits 2t, 2t + 1 of byte l: weight 32t + l's top two bits), then
+    sixteen int8 scales of 16 weights and the fp16 d at byte 208: w = d * scale * (q - 32)."""
+    lead = b.shape[:-1]
+    low = nibbles(b[..., :128].reshape(*lead, 2, 64)).to(torch.int32)
+    shifts = torch.arange(0, 8, 2)[:, None]
+    high = (b[..., 128:192].reshape(*lead, 2, 1, 32).to(torch.int32) >> shifts) & 3
+    q = (low | high.reshape(*lead, 2, 128) << 4) - 32
+    d = _halves(b, 208).to(dtype) * b[..., 192:208].view(torch.int8).to(dtype)
+    return d[..., None] * q.reshape(*lead, 16, 16).to(dtype)
+
+
+_DECODE = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
+           "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
 
 
 def nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """[..., 16] packed bytes -> [..., 32] values: low nibbles are 0..15, high 16..31 (ggml)."""
+    """[..., n] packed bytes -> [..., 2n] values: the low nibbles, then the high ones (ggml's
+    order: a Q4_0 block's weights 0..15, then 16..31)."""
     return torch.cat([qs & 15, qs >> 4], dim=-1)
 
 
