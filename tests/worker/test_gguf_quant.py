@@ -1,7 +1,7 @@
 """The registry model's GGUF tensors as QuantLinear layers on their own blocks: every one is
-the converted checkpoint's weight bit for bit once dequantized (names and the Q/K row order
-right), and the model on them scores a chat prompt as the float model does (slow: ~20 s,
-most of it the two models' load)."""
+transformers' dequantized weight (its GGUF reader's) bit for bit once dequantized (names and
+the Q/K row order right), and the model on them scores a chat prompt as the float model does
+(slow: ~20 s, most of it the two models' load)."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,19 +37,15 @@ def test_module_names():
 
 def test_an_architecture_it_does_not_read_is_refused():
     with pytest.raises(ValueError, match="gpt2"):
-        load_quantized(torch.nn.Module(), "unused.gguf", "gpt2")
+        load_quantized(torch.nn.Module(), None, "gpt2")
 
 
 @pytest.fixture(scope="module")
 def models():
-    from transformers import AutoModelForCausalLM
-
-    from tests.gguf_files import smollm2
-    from worker.load import resolve_checkpoint
-    path = resolve_checkpoint("smollm2")[0]
-    dense = AutoModelForCausalLM.from_pretrained(path).eval()
-    quant = AutoModelForCausalLM.from_pretrained(path).eval()
-    return dense, quant, load_quantized(quant, smollm2(), "llama")
+    from tests.gguf_files import smollm2, transformers_model
+    from worker.gguf_tensors import GgufTensors
+    dense, quant = transformers_model(smollm2()), transformers_model(smollm2())
+    return dense, quant, load_quantized(quant, GgufTensors(smollm2()), "llama")
 
 
 @pytest.mark.slow

@@ -1,0 +1,85 @@
+"""A GGUF file's tensors used in place (worker/gguf_tensors.py): the blocks the model serves
+are the file's map itself, but for the Q/K rows the converter permuted (copies, put back in
+transformers' order); the norms are gguf-py's values; float-typed linear tensors (and a
+float embedding that is also the head) load as float32 weights, and the model on them is
+transformers' own reading of the file."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from worker.gguf_tensors import GgufTensors
+from worker.linear.quant_module import QuantEmbedding, QuantLinear
+
+from tests import gguf_files
+from tests.worker.test_skeleton import assert_same_model, gguf_built
+
+IDS = torch.tensor([[1, 9690, 198, 2683, 314, 260, 3575, 282, 4649, 47, 2, 198]])
+
+
+@pytest.fixture(scope="module")
+def served():
+    (model, _), _ = gguf_built(gguf_files.smollm2())
+    return model
+
+
+def map_range(model) -> tuple[int, int]:
+    """Where the model's map of the file lies in memory: the map one of its views holds."""
+    blocks = model.model.layers[0].mlp.down_proj.blocks
+    tensors = GgufTensors(gguf_files.smollm2())
+    down = next(t for t in tensors.index.tensors if t.name == "blk.0.ffn_down.weight")
+    base = blocks.data_ptr() - down.offset
+    return base, base + tensors.index.size
+
+
+def test_the_blocks_are_the_file_map_but_the_permuted_rows(served):
+    start, end = map_range(served)
+    in_map, copied = [], []
+    for name, m in served.named_modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)):
+            ptr = m.blocks.data_ptr()
+            (in_map if start <= ptr and ptr + m.blocks.nbytes <= end else copied).append(name)
+    assert sorted(copied) == sorted(f"model.layers.{i}.self_attn.{p}_proj"
+                                    for i in range(30) for p in "qk")
+    assert len(in_map) == 5 * 30 + 2   # the embedding and the head it is: one view
+    assert served.lm_head.blocks.data_ptr() == served.model.embed_tokens.blocks.data_ptr()
+
+
+def test_the_norms_are_gguf_py_values_read_in_place(served):
+    from gguf import GGUFReader
+    start, end = map_range(served)
+    reader = GGUFReader(gguf_files.smollm2())
+    norms = {t.name: t for t in reader.tensors if t.name.endswith("norm.weight")}
+    assert len(norms) == 2 * 30 + 1
+    for i, layer in enumerate(served.model.layers):
+        for gguf_name, ours in (("attn_norm", layer.input_layernorm.weight),
+                                ("ffn_norm", layer.post_attention_layernorm.weight)):
+            theirs = np.asarray(norms[f"blk.{i}.{gguf_name}.weight"].data)
+            assert torch.equal(ours, torch.from_numpy(theirs.copy())), (i, gguf_name)
+            assert start <= ours.data_ptr() < end   # F32 in the file: no copy
+    assert torch.equal(served.model.norm.weight,
+                       torch.from_numpy(np.asarray(norms["output_norm.weight"].data).copy()))
+
+
+FLOAT_TENSORS = {"blk.0.attn_q.weight", "blk.1.attn_v.weight", "blk.2.ffn_down.weight",
+                 "token_embd.weight"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_float_typed_linear_tensors_load_as_float_weights(tmp_path, dtype):
+    """A permuted Q, a V, a down projection and the embedding (the tied head too) stored as
+    float: read as float32 parameters, Q's rows put back; the model is transformers' own
+    reading of the file, swapped the same way, tensor for tensor and logit for logit."""
+    path = gguf_files.with_float_tensors(tmp_path / "mixed.gguf", FLOAT_TENSORS, dtype)
+    (built, layers), swap = gguf_built(path)
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.v_proj",
+                 "model.layers.2.mlp.down_proj", "lm_head"):
+        assert type(built.get_submodule(name)) is nn.Linear and name not in layers, name
+    assert built.lm_head.weight is built.model.embed_tokens.weight
+    assert len(layers) == 7 * 30 - 3
+    loaded = gguf_files.transformers_model(path)
+    assert swap(loaded) == layers
+    assert_same_model(built, loaded, IDS)
