@@ -9,6 +9,7 @@ float16/bfloat16 tensors made float32, and blocks of a type without a kernel mad
 from __future__ import annotations
 
 import mmap
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +68,29 @@ class GgufTensors:
                                  f"model's {name} {list(wanted[name].shape)}")
             found[name] = value
         return found
+
+    def release_unused(self, model: nn.Module) -> int:
+        """Drop from this process the map's pages that no tensor of `model` views any more
+        (blocks copied into fused siblings or put back in order, re-quantized tensors, the
+        metadata): they were read once at load and would otherwise count in its resident
+        memory. The mapping is private and never written, so a page touched again is read
+        back from the file: nothing can read wrong bytes. The bytes released."""
+        start = torch.frombuffer(self.map, dtype=torch.uint8, count=1).data_ptr()
+        end = start + len(self.map)
+        used = sorted({(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in
+                       (t.untyped_storage() for t in chain(model.parameters(), model.buffers()))
+                       if start <= s.data_ptr() < end})
+        released, at = 0, 0
+        for lo, hi in [*used, (end, end)]:
+            released += self._drop(at, lo - start)
+            at = max(at, hi - start)
+        return released
+
+    def _drop(self, lo: int, hi: int) -> int:
+        """madvise(DONTNEED) the whole pages within [lo, hi) of the map."""
+        page = mmap.PAGESIZE
+        lo, hi = -(-lo // page) * page, hi // page * page
+        if hi <= lo:
+            return 0
+        self.map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return hi - lo

@@ -106,7 +106,11 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
         print(note, file=sys.stderr, flush=True)
     path, checkpoint = resolve_checkpoint(model)
     mode = quantized.mode(checkpoint, quantize, dequantize, device, dtype, tp)
-    hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp)
+    tensors = None
+    if mode == "gguf":
+        from worker.gguf_tensors import GgufTensors
+        tensors = GgufTensors(checkpoint["path"])
+    hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp, tensors)
     quantization = {"mode": mode, "layers": layers}
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = context_limit(cfg, max_model_len)
@@ -129,6 +133,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
         _attach_draft(runner, draft, device, dtype)
     gc.collect()
     trim()   # what the load freed goes back; the steps' heap is kept from here (malloc.py)
+    if tensors is not None:   # the file's pages the load read but nothing serves from
+        tensors.release_unused(hf)
     return runner
 
 
@@ -150,19 +156,19 @@ def _attach_draft(runner, draft: str, device: str, dtype: str) -> None:
     runner.info = replace(info, draft=d.info.model)
 
 
-def load_weights(path: Path, checkpoint: dict, mode: str, device: str, dtype: str, tp: int):
+def load_weights(path: Path, checkpoint: dict, mode: str, device: str, dtype: str, tp: int,
+                 tensors=None):
     """(the model, {module name: quantized type}) as `mode` says (worker/quantized.py). A
-    GGUF file served as "gguf" is read in place: the model built around its blocks
-    (worker/skeleton.py), its float tensors read by their GGUF names; the float weights the
-    blocks stand for are never made."""
+    GGUF file served as "gguf" is read in place from `tensors` (its GgufTensors): the model
+    built around its blocks (worker/skeleton.py), its float tensors read by their GGUF names;
+    the float weights the blocks stand for are never made."""
     if mode != "gguf":
         from worker.quantized import quantize_float
         hf = load_model(float_checkpoint(path, checkpoint), device, dtype, tp)
         return hf, quantize_float(hf, mode)
     from worker import attention, skeleton
     from worker.gguf_quant import load_quantized
-    from worker.gguf_tensors import GgufTensors
-    tensors, arch = GgufTensors(checkpoint["path"]), checkpoint["architecture"]
+    arch = checkpoint["architecture"]
     return skeleton.build(path, model_config(path), attention.NAME,
                           lambda m: load_quantized(m, tensors, arch),
                           lambda m, wanted: tensors.read_parameters(m, wanted, arch))

@@ -63,6 +63,20 @@ def test_the_norms_are_gguf_py_values_read_in_place(served):
                        torch.from_numpy(np.asarray(norms["output_norm.weight"].data).copy()))
 
 
+def test_the_pages_nothing_serves_from_are_released():
+    """The permuted Q/K blocks (copied) leave the process's memory; what is served stays."""
+    tensors = GgufTensors(gguf_files.smollm2())
+    (model, _), _ = gguf_built(gguf_files.smollm2(), tensors)
+    with torch.inference_mode():
+        before = model(IDS).logits
+        released = tensors.release_unused(model)
+        after = model(IDS).logits
+    permuted = sum(t.n_bytes for t in tensors.index.tensors
+                   if t.name.endswith(("attn_q.weight", "attn_k.weight")))
+    assert permuted * 0.9 < released < permuted + 2 * 1024 * 1024   # and the header's pages
+    assert torch.equal(before, after)
+
+
 FLOAT_TENSORS = {"blk.0.attn_q.weight", "blk.1.attn_v.weight", "blk.2.ffn_down.weight",
                  "token_embd.weight"}
 

@@ -43,13 +43,14 @@ def assert_same_model(built, loaded, ids: torch.Tensor) -> None:
         assert torch.equal(built(ids).logits, loaded(ids).logits)
 
 
-def gguf_built(path):
+def gguf_built(path, tensors=None):
     """The model of a GGUF file as make_runner builds it by default: around its blocks, the
-    float tensors read from the file by their GGUF names; and the swap that put them in."""
+    float tensors read from the file (`tensors`: its map) by their GGUF names; and the swap
+    that put them in."""
     from worker.gguf_quant import load_quantized
     from worker.gguf_tensors import GgufTensors
     from worker.load import resolve_checkpoint
-    directory, tensors = resolve_checkpoint(str(path))[0], GgufTensors(path)
+    directory, tensors = resolve_checkpoint(str(path))[0], tensors or GgufTensors(path)
     swap = lambda m: load_quantized(m, tensors, "llama")   # noqa: E731
     read = lambda m, wanted: tensors.read_parameters(m, wanted, "llama")   # noqa: E731
     return skeleton.build(directory, AutoConfig.from_pretrained(directory), "sdpa", swap,
