@@ -139,3 +139,17 @@ def test_the_cached_directory_holds_no_weights():
             "gguf.json"} <= files
     assert not [f for f in files if f.endswith((".safetensors", ".bin", ".gguf", ".pt"))]
     assert sum(p.stat().st_size for p in path.iterdir()) < 10_000_000
+
+
+@pytest.mark.slow
+def test_the_float_path_converts_into_its_own_directory():
+    """--dequantize (as bf16, cuda, --tp > 1) serves float weights: converted once, at the
+    first load that needs them, beside the directory without weights (~20 s the first time)."""
+    from worker.load import float_checkpoint, make_runner
+    runner = make_runner("smollm2", num_blocks=8, dequantize=True)
+    meta, facts = resolve_checkpoint("smollm2")
+    converted = float_checkpoint(meta, facts)
+    assert converted != meta and (converted / "model.safetensors").is_file()
+    assert runner.info.quantization["mode"] == "none"
+    assert runner.info.tokenizer == str(meta) and runner.info.checkpoint == facts
+    assert type(runner.model.lm_head).__name__ == "Linear"
