@@ -27,7 +27,6 @@ from worker.linear.quant import TYPES, QuantWeight
 from worker.linear.quant_module import QuantEmbedding, QuantLinear, put
 
 EMBEDDINGS = ("token_embd.weight", "output.weight")
-__all__ = ["ARCHITECTURES", "load_quantized", "module_name", "unpermute"]
 
 
 def load_quantized(model: nn.Module, tensors: GgufTensors,

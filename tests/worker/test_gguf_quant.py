@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.gguf_quant import load_quantized, module_name, unpermute
+from worker.gguf_names import module_name, parameter_name, unpermute
+from worker.gguf_quant import load_quantized
 from worker.linear.quant_module import QuantEmbedding, QuantLinear
 
 
@@ -33,6 +34,13 @@ def test_module_names():
     for other in ("token_embd.weight", "blk.0.attn_norm.weight", "output.weight",
                   "blk.0.attn_q.bias"):
         assert module_name(other) is None
+    assert parameter_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert parameter_name("blk.2.ffn_norm.weight") == \
+        "model.layers.2.post_attention_layernorm.weight"
+    assert parameter_name("blk.0.attn_k_norm.weight") == "model.layers.0.self_attn.k_norm.weight"
+    assert parameter_name("blk.1.attn_v.bias") == "model.layers.1.self_attn.v_proj.bias"
+    assert parameter_name("output_norm.weight") == "model.norm.weight"
+    assert parameter_name("rope_freqs.weight") is None
 
 
 def test_an_architecture_it_does_not_read_is_refused():
