@@ -99,3 +99,49 @@ def transformers_model(path: Path):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                 attn_implementation="sdpa").eval()
+
+
+def written(out: Path, model, architecture: str) -> Path:
+    """A GGUF file of a small transformers `model` of a layout the converter does not
+    permute (qwen2, qwen3): its linear weights and embeddings as Q8_0 blocks, the rest F32,
+    named as llama.cpp names them; the tokenizer is the registry model's (its vocabulary is
+    the model's)."""
+    import gguf
+    from gguf.quants import quantize
+
+    from worker.gguf_names import LAYER_LINEARS, LAYER_OTHERS, TOP, parameter_name
+    cfg, state = model.config, model.state_dict()
+    writer = gguf.GGUFWriter(out, arch=architecture)
+    for key, value in {"block_count": cfg.num_hidden_layers, "context_length": 1024,
+                       "embedding_length": cfg.hidden_size,
+                       "feed_forward_length": cfg.intermediate_size,
+                       "attention.head_count": cfg.num_attention_heads,
+                       "attention.head_count_kv": cfg.num_key_value_heads,
+                       "attention.key_length": cfg.head_dim,
+                       "attention.value_length": cfg.head_dim}.items():
+        writer.add_uint32(f"{architecture}.{key}", value)
+    writer.add_float32(f"{architecture}.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    writer.add_float32(f"{architecture}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    reader = gguf.GGUFReader(smollm2())
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    names = [*TOP, *(f"blk.{i}.{n}" for i in range(cfg.num_hidden_layers)
+                     for n in (*(f"{k}.weight" for k in LAYER_LINEARS), *LAYER_OTHERS))]
+    for name in names:
+        hf = parameter_name(name)
+        if hf not in state:
+            continue
+        data = state[hf].float().numpy()
+        if data.ndim == 2:
+            writer.add_tensor(name, quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -1,8 +1,9 @@
 """A GGUF file's tensors used in place (worker/gguf_tensors.py): the blocks the model serves
 are the file's map itself, but for the Q/K rows the converter permuted (copies, put back in
 transformers' order); the norms are gguf-py's values; float-typed linear tensors (and a
-float embedding that is also the head) load as float32 weights, and the model on them is
-transformers' own reading of the file."""
+float embedding that is also the head) load as float32 weights; qwen2's biases and qwen3's
+q/k norms are read as stored; each model is transformers' own reading of the file; the map's
+pages nothing serves from are released."""
 from __future__ import annotations
 
 import numpy as np
@@ -97,3 +98,28 @@ def test_float_typed_linear_tensors_load_as_float_weights(tmp_path, dtype):
     loaded = gguf_files.transformers_model(path)
     assert swap(loaded) == layers
     assert_same_model(built, loaded, IDS)
+
+
+@pytest.mark.parametrize("family, head_dim", [("qwen2", 16), ("qwen3", 128)])
+def test_qwen_layouts_read_their_biases_and_norms_unpermuted(tmp_path, family, head_dim):
+    """qwen2's q/k/v biases and qwen3's q/k norms come from the file as stored (the converter
+    permutes neither): the model is transformers' own reading of the file, swapped."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.for_model(family, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=49152, head_dim=head_dim,
+                                  tie_word_embeddings=False)
+    torch.manual_seed(0)
+    source = AutoModelForCausalLM.from_config(config)
+    for name, p in source.named_parameters():   # not the init's ones and zeros
+        if name.endswith("bias") or "norm" in name:
+            p.data.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    path = gguf_files.written(tmp_path / f"{family}.gguf", source, family)
+    (built, layers), swap = gguf_built(path)
+    assert len(layers) == 7 * 2 + 2   # the embedding and the untied head too
+    extra = {"qwen2": "self_attn.q_proj.bias", "qwen3": "self_attn.q_norm.weight"}[family]
+    assert torch.equal(built.get_submodule("model.layers.1").get_parameter(extra),
+                       source.get_submodule("model.layers.1").get_parameter(extra))
+    loaded = gguf_files.transformers_model(path)
+    assert swap(loaded) == layers
+    assert_same_model(built, loaded, torch.tensor([[5, 9, 300, 2, 77, 18]]))

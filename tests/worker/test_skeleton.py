@@ -50,9 +50,10 @@ def gguf_built(path, tensors=None):
     from worker.gguf_quant import load_quantized
     from worker.gguf_tensors import GgufTensors
     from worker.load import resolve_checkpoint
-    directory, tensors = resolve_checkpoint(str(path))[0], tensors or GgufTensors(path)
-    swap = lambda m: load_quantized(m, tensors, "llama")   # noqa: E731
-    read = lambda m, wanted: tensors.read_parameters(m, wanted, "llama")   # noqa: E731
+    (directory, facts), tensors = resolve_checkpoint(str(path)), tensors or GgufTensors(path)
+    arch = facts["architecture"]
+    swap = lambda m: load_quantized(m, tensors, arch)   # noqa: E731
+    read = lambda m, wanted: tensors.read_parameters(m, wanted, arch)   # noqa: E731
     return skeleton.build(directory, AutoConfig.from_pretrained(directory), "sdpa", swap,
                           read), swap
 
