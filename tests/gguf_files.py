@@ -1,9 +1,13 @@
-"""GGUF files damaged on purpose, for the refusal tests: copies of the registry model with
-one field patched in place (same length, so the rest of the file still parses)."""
+"""GGUF files made from the registry model for tests: copies damaged on purpose, for the
+refusal tests (one field patched in place, same length, so the rest of the file still
+parses), a copy with some tensors stored as float, and transformers' own reading of a file.
+"""
 from __future__ import annotations
 
 import struct
 from pathlib import Path
+
+import numpy as np
 
 from worker.registry_models import gguf_path
 
@@ -42,4 +46,102 @@ def with_tensor_type(out: Path, name: bytes, ggml_type: int) -> Path:
 
 def truncated(out: Path, keep: int) -> Path:
     out.write_bytes(smollm2().read_bytes()[:keep])
+    return out
+
+
+def with_scalar(out: Path, key: str, value: int) -> Path:
+    """The u32 metadata field `key` (e.g. llama.block_count) set to `value`: its entry is
+    the key, its type (u32) and the value."""
+    data = smollm2().read_bytes()
+    name = key.encode()
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    if struct.unpack_from("<I", data, at)[0] != 4:
+        raise ValueError(f"{key} is not a u32 field")
+    old = data[at:at + 8]
+    return patched(out, old, old[:4] + struct.pack("<I", value), after=name)
+
+
+def with_float_tensors(out: Path, names: set[str], dtype=np.float16) -> Path:
+    """A copy of the smollm2 file, written anew, with the tensors `names` stored as float
+    (`dtype`: F16 or F32) in its own row order; everything else as it was."""
+    import gguf
+    from gguf.quants import dequantize
+    reader = gguf.GGUFReader(smollm2())
+    writer = gguf.GGUFWriter(out, arch="llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    tensors = []
+    for t in reader.tensors:
+        data = t.data
+        if t.name in names:
+            data = dequantize(t.data, t.tensor_type).astype(dtype)
+            kind = gguf.GGMLQuantizationType.F16 if dtype == np.float16 else \
+                gguf.GGMLQuantizationType.F32
+        else:
+            kind = t.tensor_type
+        writer.add_tensor_info(t.name, data.shape, data.dtype, data.nbytes, kind)
+        tensors.append(data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for data in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+    return out
+
+
+def transformers_model(path: Path):
+    """transformers' own reading of a GGUF file: every tensor dequantized to float32."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                attn_implementation="sdpa").eval()
+
+
+def written(out: Path, model, architecture: str) -> Path:
+    """A GGUF file of a small transformers `model` of a layout the converter does not
+    permute (qwen2, qwen3): its linear weights and embeddings as Q8_0 blocks, the rest F32,
+    named as llama.cpp names them; the tokenizer is the registry model's (its vocabulary is
+    the model's)."""
+    import gguf
+    from gguf.quants import quantize
+
+    from worker.gguf_names import LAYER_LINEARS, LAYER_OTHERS, TOP, parameter_name
+    cfg, state = model.config, model.state_dict()
+    writer = gguf.GGUFWriter(out, arch=architecture)
+    for key, value in {"block_count": cfg.num_hidden_layers, "context_length": 1024,
+                       "embedding_length": cfg.hidden_size,
+                       "feed_forward_length": cfg.intermediate_size,
+                       "attention.head_count": cfg.num_attention_heads,
+                       "attention.head_count_kv": cfg.num_key_value_heads,
+                       "attention.key_length": cfg.head_dim,
+                       "attention.value_length": cfg.head_dim}.items():
+        writer.add_uint32(f"{architecture}.{key}", value)
+    writer.add_float32(f"{architecture}.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    writer.add_float32(f"{architecture}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    reader = gguf.GGUFReader(smollm2())
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    names = [*TOP, *(f"blk.{i}.{n}" for i in range(cfg.num_hidden_layers)
+                     for n in (*(f"{k}.weight" for k in LAYER_LINEARS), *LAYER_OTHERS))]
+    for name in names:
+        hf = parameter_name(name)
+        if hf not in state:
+            continue
+        data = state[hf].float().numpy()
+        if data.ndim == 2:
+            writer.add_tensor(name, quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return out

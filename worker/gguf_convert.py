@@ -1,28 +1,22 @@
-"""A checked GGUF file as a Hugging Face checkpoint directory, made once and cached by the
-file's sha256: config, tokenizer (BOS/EOS, special tokens) and chat template from the file's
-metadata, weights dequantized to float32 by transformers' GGUF reader. Everything after this
-(the worker's load, the frontend's tokenizer, the gateway's chat template, replay) reads the
-directory as it reads any checkpoint, so a GGUF model is served by the same code as the rest.
+"""A checked GGUF file's weights dequantized to float32 by transformers' GGUF reader, saved
+as a Hugging Face checkpoint, made once and cached by the file's sha256. Only the float path
+reads it (`--dequantize`, `--dtype bfloat16`, cuda, `--tp` > 1, or an architecture whose
+blocks worker/gguf_quant.py does not read): a file served on its blocks needs no such copy
+(worker/gguf_dir.py, worker/gguf_tensors.py). On a 1B Q4_K_M file it is ~1 min and 4 GB.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-from worker.gguf_file import ARCHITECTURES, GgufFacts
+from worker.gguf_dir import cached_dir, check_model_type, write_facts
+from worker.gguf_file import GgufFacts
 
-FACTS = "gguf.json"   # the file's facts, written last: a directory without it is incomplete
 
-
-def checkpoint_dir(facts: GgufFacts) -> Path:
-    """The cached directory for this file, converted first if missing."""
-    from worker.presets import cache_root, write_dir_atomically
-    out = cache_root().parent / "gguf" / f"{Path(facts.path).stem}-{facts.sha256[:16]}"
-    if not (out / FACTS).is_file():
-        write_dir_atomically(out, lambda tmp: convert(facts, tmp), FACTS)
-    return out
+def float_dir(facts: GgufFacts) -> Path:
+    """The cached float32 checkpoint for this file, converted first if missing."""
+    return cached_dir(facts, "gguf", convert)
 
 
 def convert(facts: GgufFacts, out: Path) -> None:
@@ -41,9 +35,7 @@ def convert(facts: GgufFacts, out: Path) -> None:
     except Exception as e:   # transformers' reader: one line, whatever it raised
         raise ValueError(f"{name}: transformers cannot load this GGUF file "
                          f"({type(e).__name__}: {e})") from None
-    if model.config.model_type != ARCHITECTURES[facts.architecture]:
-        raise ValueError(f"{name}: GGUF architecture {facts.architecture!r} loaded as "
-                         f"{model.config.model_type!r}")
+    check_model_type(name, facts.architecture, model.config.model_type)
     archs.check(model.config)
     # the weights are float32 now; only transformers' marker says "gguf", and it refuses
     # to save a model so marked
@@ -51,12 +43,4 @@ def convert(facts: GgufFacts, out: Path) -> None:
     model.config.__dict__.pop("quantization_config", None)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / FACTS).write_text(json.dumps(facts.as_checkpoint(), indent=1))
-
-
-def read_facts(checkpoint: Path) -> dict:
-    """What a converted directory records of its GGUF file ({} for any other checkpoint)."""
-    try:
-        return json.loads((checkpoint / FACTS).read_text())
-    except (OSError, ValueError):
-        return {}
+    write_facts(facts, out)

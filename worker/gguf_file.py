@@ -1,5 +1,6 @@
 """A GGUF file checked before anything loads from it: readable, whole, of an architecture and
-tensor types the engine serves. One line names the first problem (ValueError); nothing
+tensor types the engine serves, its metadata's model sizes those of its tensors
+(worker/gguf_metadata.py). One line names the first problem (ValueError); nothing
 half-loaded ever serves (docs/DESIGN.md, "GGUF files")."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from worker import gguf_metadata
 from worker.gguf_index import GgufIndex, read_index
 
 # GGUF's general.architecture -> the transformers model_type it loads as. Only those both
@@ -49,6 +51,10 @@ def inspect(path: str | Path) -> GgufFacts:
         raise ValueError(f"{path.name}: GGUF tensor type {bad[0]} is not supported "
                          f"(supported: {', '.join(sorted(TENSOR_TYPES))})")
     _check_whole(path, index)
+    try:
+        gguf_metadata.check(index, arch)
+    except ValueError as e:
+        raise ValueError(f"{path.name}: {e}") from None
     return GgufFacts(str(path), sha256_of(path), arch, dict(sorted(types.items())))
 
 

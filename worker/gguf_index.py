@@ -2,10 +2,10 @@
 
 gguf-py's GGUFReader makes numpy objects for every element of every metadata array: on the
 registry model (a 49,152-token vocabulary and its merges) that is ~150 MB of Python objects
-for a moment, and the heap they fragment stays with the worker. The engine reads two scalars
-(the architecture and the alignment) and the tensor table; arrays are stepped over. The
-layout read is gguf-py's (versions 2 and 3, either byte order); a tensor's bytes are read
-from the file into a buffer of the caller's, as the file stores them.
+for a moment, and the heap they fragment stays with the worker. The engine reads the scalars
+and the tensor table; arrays are stepped over, their lengths kept (the vocabulary's). The
+layout read is gguf-py's (versions 2 and 3, either byte order); the tensors' bytes are used
+where they lie (worker/gguf_tensors.py).
 """
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ class GgufIndex:
     fields: dict            # key -> value of every scalar or string field (arrays stepped over)
     tensors: tuple[TensorInfo, ...]
     size: int               # of the file, in bytes
+    array_lengths: dict     # key -> how many items each array field holds
+    big_endian: bool        # the file's numbers, its tensors' among them
 
 
 def read_index(path: str | Path) -> GgufIndex:
@@ -53,15 +55,6 @@ def read_index(path: str | Path) -> GgufIndex:
         if m[:4] != MAGIC:
             raise ValueError("bad magic number")
         return _Parser(m).index(len(m))
-
-
-def read_into(f, info: TensorInfo, out) -> None:
-    """The tensor's bytes from the open file `f` into `out` (a writable buffer of
-    info.n_bytes bytes)."""
-    f.seek(info.offset)
-    view = memoryview(out).cast("B")
-    if len(view) != info.n_bytes or f.readinto(view) != info.n_bytes:
-        raise ValueError(f"{info.name}: cannot read its {info.n_bytes} bytes")
 
 
 class _Parser:
@@ -75,11 +68,13 @@ class _Parser:
     def index(self, size: int) -> GgufIndex:
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
         n_tensors, n_fields = self._scalar("Q"), self._scalar("Q")
-        fields = {}
+        fields, arrays = {}, {}
         for _ in range(n_fields):
             key, kind = self._string(), self._scalar("I")
             value = self._value(kind)
-            if kind != ARRAY:
+            if kind == ARRAY:
+                arrays[key] = value
+            else:
                 fields[key] = value
         table = [(self._string(), tuple(self._scalar("Q") for _ in range(self._scalar("I"))),
                   self._scalar("I"), self._scalar("Q")) for _ in range(n_tensors)]
@@ -95,7 +90,7 @@ class _Parser:
             block, type_size = GGML_QUANT_SIZES[qtype]
             tensors.append(TensorInfo(name, qtype.name, dims, start + offset,
                                       math.prod(dims) * type_size // block))
-        return GgufIndex(fields, tuple(tensors), size)
+        return GgufIndex(fields, tuple(tensors), size, arrays, self.order == ">")
 
     def _scalar(self, fmt: str):
         value = struct.unpack_from(self.order + fmt, self.data, self.at)[0]
@@ -121,6 +116,10 @@ class _Parser:
             return self._scalar(SCALARS[kind])
         if kind != ARRAY:
             raise ValueError(f"unknown GGUF value type {kind}")
+        return self._skip_array()
+
+    def _skip_array(self) -> int:
+        """Steps over an array; how many items it holds."""
         item, count = self._scalar("I"), self._scalar("Q")
         if item in SCALARS:   # fixed-size items: stepped over at once
             self.at += count * struct.calcsize(SCALARS[item])
@@ -130,5 +129,5 @@ class _Parser:
         else:
             for _ in range(count):
                 self._value(item)
-        return None
+        return count
 

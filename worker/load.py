@@ -24,7 +24,8 @@ def resolve_model(name: str) -> Path:
 def resolve_checkpoint(name: str) -> tuple[Path, dict]:
     """A model name -> (its HF checkpoint directory, what ModelInfo.checkpoint records).
     Presets are written once; a registry model is fetched once and served as its GGUF
-    file; a GGUF file is checked and converted once (worker/gguf_convert.py)."""
+    file; a GGUF file is checked and its config and tokenizer cached once: its directory
+    holds no weights (worker/gguf_dir.py; float_checkpoint makes them where needed)."""
     if name in PRESETS:
         return preset_dir(name), {"format": "preset", "name": name}
     if name in REGISTRY:
@@ -51,12 +52,22 @@ def model_problem(name: str) -> str | None:
 
 
 def _gguf_checkpoint(path: Path, pinned: str | None = None) -> tuple[Path, dict]:
-    from worker.gguf_convert import checkpoint_dir
+    from worker.gguf_dir import metadata_dir
     facts = gguf_file.inspect(path)
     if pinned is not None and facts.sha256 != pinned:
         raise ValueError(f"{path}: sha256 {facts.sha256} does not match the pinned "
                          f"{pinned}: delete it to fetch it again")
-    return checkpoint_dir(facts), facts.as_checkpoint()
+    return metadata_dir(facts), facts.as_checkpoint()
+
+
+def float_checkpoint(path: Path, checkpoint: dict) -> Path:
+    """A directory with the float weights of the checkpoint resolve_checkpoint gave: `path`
+    itself, or for a GGUF file its float32 conversion (made once: worker/gguf_convert.py)."""
+    if checkpoint["format"] != "gguf":
+        return path
+    from worker.gguf_convert import float_dir
+    from worker.gguf_dir import facts_of
+    return float_dir(facts_of(checkpoint))
 
 
 def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
@@ -95,7 +106,11 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
         print(note, file=sys.stderr, flush=True)
     path, checkpoint = resolve_checkpoint(model)
     mode = quantized.mode(checkpoint, quantize, dequantize, device, dtype, tp)
-    hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp)
+    tensors = None
+    if mode == "gguf":
+        from worker.gguf_tensors import GgufTensors
+        tensors = GgufTensors(checkpoint["path"])
+    hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp, tensors)
     quantization = {"mode": mode, "layers": layers}
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = context_limit(cfg, max_model_len)
@@ -118,6 +133,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
         _attach_draft(runner, draft, device, dtype)
     gc.collect()
     trim()   # what the load freed goes back; the steps' heap is kept from here (malloc.py)
+    if tensors is not None:   # the file's pages the load read but nothing serves from
+        tensors.release_unused(hf)
     return runner
 
 
@@ -139,18 +156,22 @@ def _attach_draft(runner, draft: str, device: str, dtype: str) -> None:
     runner.info = replace(info, draft=d.info.model)
 
 
-def load_weights(path: Path, checkpoint: dict, mode: str, device: str, dtype: str, tp: int):
-    """(the model, {module name: quantized type}) as `mode` says (worker/quantized.py). On a
-    GGUF file's blocks the model is built around them (worker/skeleton.py): the float
-    weights they stand for are never read."""
+def load_weights(path: Path, checkpoint: dict, mode: str, device: str, dtype: str, tp: int,
+                 tensors=None):
+    """(the model, {module name: quantized type}) as `mode` says (worker/quantized.py). A
+    GGUF file served as "gguf" is read in place from `tensors` (its GgufTensors): the model
+    built around its blocks (worker/skeleton.py), its float tensors read by their GGUF names;
+    the float weights the blocks stand for are never made."""
     if mode != "gguf":
         from worker.quantized import quantize_float
-        hf = load_model(path, device, dtype, tp)
+        hf = load_model(float_checkpoint(path, checkpoint), device, dtype, tp)
         return hf, quantize_float(hf, mode)
     from worker import attention, skeleton
     from worker.gguf_quant import load_quantized
-    return skeleton.build(path, model_config(path), attention.NAME, lambda m: load_quantized(
-        m, checkpoint["path"], checkpoint["architecture"]))
+    arch = checkpoint["architecture"]
+    return skeleton.build(path, model_config(path), attention.NAME,
+                          lambda m: load_quantized(m, tensors, arch),
+                          lambda m, wanted: tensors.read_parameters(m, wanted, arch))
 
 
 def model_config(path: Path, tp: int = 1):

@@ -1,24 +1,25 @@
 """Which of a model's weights the worker serves quantized (docs/design/cpu-paths.md,
 "Quantized weights"):
 
-- a GGUF file with Q8_0, Q4_0 or Q4_1 tensors is served on its blocks, as stored (the
-  default; worker/gguf_quant.py), the model built around them so that the float weights
-  they stand for are never read (worker/skeleton.py); `--dequantize` serves it as the
-  converted checkpoint's float weights of `--dtype`;
+- a GGUF file is served from the file itself (the default): its tensors of a type the
+  kernel multiplies by (worker.linear.quant.TYPES) on their blocks as stored, the other
+  block types re-quantized to Q8_0, float tensors read as float32 (worker/gguf_quant.py,
+  worker/gguf_tensors.py), the model built around them (worker/skeleton.py);
+  `--dequantize` serves it as the converted checkpoint's float weights of `--dtype`
+  (worker/gguf_convert.py);
 - `--quantize q8_0|q4_0` quantizes a float checkpoint's linear layers at load (the output
   head stays float: it is the embedding's own weight in the models that tie them).
 
-The kernel multiplies float32 activations on the CPU in one worker process. A quantized
-GGUF served elsewhere (`--dtype bfloat16`, cuda, `--tp` > 1), or of an architecture whose
-layout gguf_quant.py does not read (phi3, gemma2, starcoder2, gpt2), is dequantized, said in
-one line; `--quantize` on the former is refused, as it is on a file already quantized.
+The kernel multiplies float32 activations on the CPU in one worker process. A GGUF file
+served elsewhere (`--dtype bfloat16`, cuda, `--tp` > 1), or of an architecture whose
+layout the worker does not read (phi3, gemma2, starcoder2, gpt2), is converted and served
+as float weights, said in one line where the file is quantized; `--quantize` on the former is refused, as it is on a file already quantized.
 """
 from __future__ import annotations
 
 import sys
 
 QUANTIZE = ("q8_0", "q4_0")
-NATIVE = ("Q8_0", "Q4_0", "Q4_1")   # the types the kernel multiplies by (worker/linear/quant.py)
 FLOAT = frozenset({"F32", "F16", "BF16"})
 
 
@@ -47,20 +48,21 @@ def refusal(checkpoint: dict, quantize: str | None, dequantize: bool, device: st
 
 def mode(checkpoint: dict, quantize: str | None = None, dequantize: bool = False,
          device: str = "cpu", dtype: str = "float32", tp: int = 1) -> str:
-    """How the weights are served: "gguf" (a quantized file's layers on its blocks, built
-    around them: worker/load.py), "q8_0" or "q4_0" (`--quantize`, at load) or "none" (the
-    checkpoint's float weights). ValueError for settings it refuses; a quantized file served
-    as float weights says why in one line."""
+    """How the weights are served: "gguf" (a GGUF file's tensors read from the file, its
+    blocks as stored: worker/load.py), "q8_0" or "q4_0" (`--quantize`, at load) or "none"
+    (the checkpoint's float weights). ValueError for settings it refuses; a quantized file
+    served as float weights says why in one line."""
     if why := refusal(checkpoint, quantize, dequantize, device, dtype, tp):
         raise ValueError(why)
     if quantize is not None:
         return quantize
-    if dequantize or not set(quantized_types(checkpoint)) & set(NATIVE):
+    if dequantize or checkpoint.get("format") != "gguf":
         return "none"
-    from worker.gguf_quant import ARCHITECTURES
+    from worker.gguf_names import ARCHITECTURES
     if why := _why_float(checkpoint, device, dtype, tp, ARCHITECTURES):
-        print(f"[worker] {checkpoint.get('path')}: its quantized weights are served as "
-              f"{dtype}: {why}", file=sys.stderr, flush=True)
+        if quantized_types(checkpoint):
+            print(f"[worker] {checkpoint.get('path')}: its quantized weights are served as "
+                  f"{dtype}: {why}", file=sys.stderr, flush=True)
         return "none"
     return "gguf"
 

@@ -1,7 +1,8 @@
 """A checkpoint's model built around layers put in before any weight is read: the modules
 are made with their parameters on the meta device (no memory), `swap` puts its layers in
 (a quantized GGUF file's QuantLinear/QuantEmbedding on their blocks, worker/gguf_quant.py),
-and only the tensors still empty are read from the checkpoint's safetensors. So the float
+and only the tensors still empty are read: by `read` (a GGUF file's float tensors by their
+GGUF names, worker/gguf_tensors.py), or from the checkpoint's safetensors. So the float
 weights of the swapped layers are never made, read or mapped.
 
 What transformers' from_pretrained would give, tensor for tensor: the buffers that no file
@@ -22,14 +23,17 @@ from torch import nn
 
 INDEX = "model.safetensors.index.json"
 T = TypeVar("T")
+# (model, {name: its empty tensor}) -> {name: the tensor read}
+Reader = Callable[[nn.Module, dict], dict]
 
 
-def build(path: Path, config, attn_implementation: str,
-          swap: Callable[[nn.Module], T]) -> tuple[nn.Module, T]:
+def build(path: Path, config, attn_implementation: str, swap: Callable[[nn.Module], T],
+          read: Reader | None = None) -> tuple[nn.Module, T]:
     """The float32 model of the checkpoint at `path` (its `config` read and checked), in
     eval mode on the CPU, and what `swap(model)` returned, run on the empty model before
-    anything is loaded. ValueError where a tensor the model needs is in no file of the
-    checkpoint."""
+    anything is loaded; the tensors still empty are read by `read`, or from the
+    safetensors files at `path` (None). ValueError where a tensor the model needs is in no
+    file."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
@@ -39,11 +43,11 @@ def build(path: Path, config, attn_implementation: str,
     model.tie_weights()   # made again outside: the context's parameters are each new
     shared = _shared(model)
     swapped = swap(model)
-    _load(model, path)
+    _load(model, read or (lambda m, wanted: _read_safetensors(path, wanted)))
     _reshare(model, shared)
     if empty := [n for n, t in _tensors(model) if t.is_meta]:
-        raise ValueError(f"{path}: no tensor for {', '.join(empty[:3])} in its safetensors "
-                         f"files ({len(empty)} missing)")
+        raise ValueError(f"{path}: no tensor for {', '.join(empty[:3])} in its files "
+                         f"({len(empty)} missing)")
     _generation_config(model, path)
     return model.eval(), swapped
 
@@ -62,21 +66,26 @@ def _shared(model: nn.Module) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def _load(model: nn.Module, path: Path) -> None:
-    """What the safetensors files of `path` hold for the model's empty parameters and its
-    buffers, read into it in the model's dtype (assigned: no second copy is made)."""
-    from safetensors import safe_open
-
+def _load(model: nn.Module, read: Reader) -> None:
+    """What `read` finds for the model's empty parameters and its buffers, put into it in
+    the model's dtype (assigned: no second copy is made)."""
     wanted = {name: t for name, t in model.named_parameters(remove_duplicate=False)
               if t.is_meta}
     wanted.update(model.named_buffers(remove_duplicate=False))
+    loaded = {name: t.to(wanted[name].dtype) for name, t in read(model, wanted).items()}
+    model.load_state_dict(loaded, strict=False, assign=True)
+
+
+def _read_safetensors(path: Path, wanted: dict) -> dict:
+    from safetensors import safe_open
+
     loaded = {}
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 if name in wanted:
-                    loaded[name] = f.get_tensor(name).to(wanted[name].dtype)
-    model.load_state_dict(loaded, strict=False, assign=True)
+                    loaded[name] = f.get_tensor(name)
+    return loaded
 
 
 def _reshare(model: nn.Module, shared: list[list[str]]) -> None:

@@ -101,3 +101,55 @@ def _problem_in(cache, model: str, **env) -> str:
     assert r.returncode == 0, r.stderr
     shutil.rmtree(cache, ignore_errors=True)
     return r.stdout.strip()
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("llama.block_count", 100_000, "llama.block_count is 100000, but the file holds tensors "
+                                   "of 30 layers"),
+    ("llama.block_count", 29, "llama.block_count is 29"),
+    ("llama.attention.head_count", 18, "rope.dimension_count = 64 exceeds the head size 32"),
+    ("llama.attention.head_count", 3, "head_count_kv x head size is 576"),
+    ("llama.attention.head_count_kv", 9, "head_count_kv x head size is 576"),
+    ("llama.attention.head_count_kv", 2, "9 attention heads are not a multiple of 2"),
+    ("llama.embedding_length", 640, "embedding_length is 640, but token_embd.weight's row "
+                                    "length is 576"),
+    ("llama.feed_forward_length", 1024, "feed_forward_length is 1024"),
+    ("llama.vocab_size", 50_000, "vocab_size is 50000, but token_embd.weight's rows"),
+    ("llama.rope.dimension_count", 128, "rope.dimension_count = 128 exceeds the head size 64"),
+    ("llama.context_length", 0, None),   # not a size the tensors show: not checked here
+])
+def test_metadata_the_tensors_contradict_is_refused_before_anything_is_built(
+        tmp_path, key, value, words):
+    bad = gguf_files.with_scalar(tmp_path / "bad.gguf", key, value)
+    if words is None:
+        gguf_file.inspect(bad)
+        return
+    with pytest.raises(ValueError) as e:
+        gguf_file.inspect(bad)
+    assert str(e.value).startswith("bad.gguf: GGUF metadata") and words in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_cached_directory_holds_no_weights():
+    """What the frontend, gateway, replay and the worker's config read; the weights stay in
+    the GGUF file (worker/gguf_dir.py)."""
+    path = resolve_checkpoint("smollm2")[0]
+    files = {p.name for p in path.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja",
+            "gguf.json"} <= files
+    assert not [f for f in files if f.endswith((".safetensors", ".bin", ".gguf", ".pt"))]
+    assert sum(p.stat().st_size for p in path.iterdir()) < 10_000_000
+
+
+@pytest.mark.slow
+def test_the_float_path_converts_into_its_own_directory():
+    """--dequantize (as bf16, cuda, --tp > 1) serves float weights: converted once, at the
+    first load that needs them, beside the directory without weights (~20 s the first time)."""
+    from worker.load import float_checkpoint, make_runner
+    runner = make_runner("smollm2", num_blocks=8, dequantize=True)
+    meta, facts = resolve_checkpoint("smollm2")
+    converted = float_checkpoint(meta, facts)
+    assert converted != meta and (converted / "model.safetensors").is_file()
+    assert runner.info.quantization["mode"] == "none"
+    assert runner.info.tokenizer == str(meta) and runner.info.checkpoint == facts
+    assert type(runner.model.lm_head).__name__ == "Linear"

@@ -1,14 +1,15 @@
 """The registry model's GGUF tensors as QuantLinear layers on their own blocks: every one is
-the converted checkpoint's weight bit for bit once dequantized (names and the Q/K row order
-right), and the model on them scores a chat prompt as the float model does (slow: ~20 s,
-most of it the two models' load)."""
+transformers' dequantized weight (its GGUF reader's) bit for bit once dequantized (names and
+the Q/K row order right), and the model on them scores a chat prompt as the float model does
+(slow: ~20 s, most of it the two models' load)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from worker.gguf_quant import load_quantized, module_name, unpermute
+from worker.gguf_names import module_name, parameter_name, unpermute
+from worker.gguf_quant import load_quantized
 from worker.linear.quant_module import QuantEmbedding, QuantLinear
 
 
@@ -33,23 +34,26 @@ def test_module_names():
     for other in ("token_embd.weight", "blk.0.attn_norm.weight", "output.weight",
                   "blk.0.attn_q.bias"):
         assert module_name(other) is None
+    assert parameter_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert parameter_name("blk.2.ffn_norm.weight") == \
+        "model.layers.2.post_attention_layernorm.weight"
+    assert parameter_name("blk.0.attn_k_norm.weight") == "model.layers.0.self_attn.k_norm.weight"
+    assert parameter_name("blk.1.attn_v.bias") == "model.layers.1.self_attn.v_proj.bias"
+    assert parameter_name("output_norm.weight") == "model.norm.weight"
+    assert parameter_name("rope_freqs.weight") is None
 
 
 def test_an_architecture_it_does_not_read_is_refused():
     with pytest.raises(ValueError, match="gpt2"):
-        load_quantized(torch.nn.Module(), "unused.gguf", "gpt2")
+        load_quantized(torch.nn.Module(), None, "gpt2")
 
 
 @pytest.fixture(scope="module")
 def models():
-    from transformers import AutoModelForCausalLM
-
-    from tests.gguf_files import smollm2
-    from worker.load import resolve_checkpoint
-    path = resolve_checkpoint("smollm2")[0]
-    dense = AutoModelForCausalLM.from_pretrained(path).eval()
-    quant = AutoModelForCausalLM.from_pretrained(path).eval()
-    return dense, quant, load_quantized(quant, smollm2(), "llama")
+    from tests.gguf_files import smollm2, transformers_model
+    from worker.gguf_tensors import GgufTensors
+    dense, quant = transformers_model(smollm2()), transformers_model(smollm2())
+    return dense, quant, load_quantized(quant, GgufTensors(smollm2()), "llama")
 
 
 @pytest.mark.slow

@@ -59,14 +59,12 @@ def test_every_whole_block_linear_is_replaced_but_the_head():
 
 @pytest.fixture(scope="module")
 def trained():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from tests.gguf_files import smollm2
+    from tests.gguf_files import smollm2, transformers_model
     from tests.worker.test_trained import QUESTIONS
-    from worker.load import resolve_checkpoint
-    model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint("smollm2")[0],
-                                                 attn_implementation="sdpa").eval()
     path = smollm2()
+    model = transformers_model(path)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}],
                                        add_generation_prompt=True, return_tensors="pt")

@@ -43,15 +43,27 @@ def assert_same_model(built, loaded, ids: torch.Tensor) -> None:
         assert torch.equal(built(ids).logits, loaded(ids).logits)
 
 
-def test_the_registry_model_on_its_blocks_is_from_pretrained_then_swapped():
-    """What make_runner builds for the default against the float load it replaced."""
-    from tests.gguf_files import smollm2
+def gguf_built(path, tensors=None):
+    """The model of a GGUF file as make_runner builds it by default: around its blocks, the
+    float tensors read from the file (`tensors`: its map) by their GGUF names; and the swap
+    that put them in."""
     from worker.gguf_quant import load_quantized
+    from worker.gguf_tensors import GgufTensors
     from worker.load import resolve_checkpoint
-    path = resolve_checkpoint("smollm2")[0]
-    swap = lambda m: load_quantized(m, smollm2(), "llama")   # noqa: E731
-    built, layers = skeleton.build(path, AutoConfig.from_pretrained(path), "sdpa", swap)
-    loaded = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    (directory, facts), tensors = resolve_checkpoint(str(path)), tensors or GgufTensors(path)
+    arch = facts["architecture"]
+    swap = lambda m: load_quantized(m, tensors, arch)   # noqa: E731
+    read = lambda m, wanted: tensors.read_parameters(m, wanted, arch)   # noqa: E731
+    return skeleton.build(directory, AutoConfig.from_pretrained(directory), "sdpa", swap,
+                          read), swap
+
+
+def test_the_registry_model_on_its_blocks_is_from_pretrained_then_swapped():
+    """What make_runner builds for the default against transformers' own load of the GGUF
+    file (every tensor dequantized), swapped the same way."""
+    from tests.gguf_files import smollm2, transformers_model
+    (built, layers), swap = gguf_built(smollm2())
+    loaded = transformers_model(smollm2())
     assert swap(loaded) == layers and len(layers) == 7 * 30 + 2
     assert built.lm_head.blocks is built.model.embed_tokens.blocks
     assert_same_model(built, loaded, torch.tensor([[1, 9690, 198, 2683, 314, 260, 3575]]))

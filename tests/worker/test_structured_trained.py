@@ -15,11 +15,11 @@ import llguidance.torch
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from core.ipc.protocol import Constraint, SamplingParams
 from scripts.benchmarks._schemas import schemas
-from worker.load import make_runner, resolve_checkpoint
+from worker.load import make_runner
 
 from tests.gguf_files import smollm2
 from tests.worker.test_structured_worker import run
@@ -174,8 +174,8 @@ class GrammarMask(LogitsProcessor):
 
 @pytest.fixture(scope="module")
 def stock():
-    path = resolve_checkpoint("smollm2")[0]
-    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    from tests.gguf_files import smollm2, transformers_model
+    return transformers_model(smollm2())
 
 
 @pytest.mark.slow   # transformers' generate for 10 schemas besides the engine: ~25 s

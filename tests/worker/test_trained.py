@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from frontend.http.chat import ChatTemplate
 from frontend.tokenizer import Tokenizer
 from worker.load import make_runner, resolve_checkpoint
 
-from tests.gguf_files import smollm2
+from tests.gguf_files import smollm2, transformers_model
 from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy
 
 QUESTIONS = (
@@ -57,8 +57,9 @@ def runner():
 
 
 @pytest.fixture(scope="module")
-def stock(checkpoint):
-    return AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa")
+def stock():
+    """transformers' own reading of the GGUF file (the cached directory holds no weights)."""
+    return transformers_model(smollm2())
 
 
 def test_the_registry_file_is_served_on_its_own_blocks(runner):
