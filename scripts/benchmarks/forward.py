@@ -19,7 +19,7 @@ from core import cli
 from worker.handmade import Part, blocks_needed, make_batch
 from scripts.benchmarks import _provenance as prov
 from scripts.benchmarks import common as bl
-from worker.load import make_runner, resolve_model
+from worker.load import float_checkpoint, make_runner, resolve_checkpoint
 
 
 def paged_steps(runner, batch_size: int, context: int, steps: int):
@@ -97,7 +97,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     need = max(batches) * blocks_needed(max(contexts) + steps + warmup, 16)  # block size 16
     runner = make_runner(a.model, num_blocks=need, device=a.device, dtype=a.dtype)
-    stock = AutoModelForCausalLM.from_pretrained(resolve_model(a.model),
+    stock = AutoModelForCausalLM.from_pretrained(float_checkpoint(*resolve_checkpoint(a.model)),
                                                  dtype=getattr(torch, a.dtype),
                                                  attn_implementation="sdpa").to(a.device).eval()
     sync = torch.cuda.synchronize if runner.kv.is_cuda else (lambda: None)

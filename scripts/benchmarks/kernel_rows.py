@@ -90,10 +90,10 @@ def _timed(fn) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--types", default="Q4_0,Q4_K,Q6_K,Q8_0")
-    p.add_argument("--rows", default="1,8,64")
+    p.add_argument("--types", default="Q4_0,Q4_K,Q6_K,Q8_0", help="comma-separated block types")
+    p.add_argument("--rows", default="1,8,64", help="comma-separated rows a call")
     p.add_argument("--shapes", default="all", help="all, or indices into SHAPES: 0,2")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="the kernel's threads")
     p.add_argument("--rounds", type=int, default=3, help="alternations of the builds")
     p.add_argument("--budget", type=float, default=0.15, help="seconds a build, a round")
     p.add_argument("--baseline", help="another quant_gemm.c, timed alike (e.g. main's)")

@@ -133,7 +133,8 @@ def measure(a, tmp: Path, gguf: Path, ckpt: Path, wins: list[list[int]]) -> dict
                              eog or [])
     seconds["engine"] = time.monotonic() - t0
     t0 = time.monotonic()
-    ref = hf.score(ckpt, wins, a.ctx)
+    from worker.load import float_checkpoint, resolve_checkpoint
+    ref = hf.score(float_checkpoint(*resolve_checkpoint(a.model)), wins, a.ctx)
     seconds["transformers"] = time.monotonic() - t0
     ppl = qp.perplexity(engine)
     out = {"tokens": ppl.tokens, "ppl_engine": ppl.ppl,

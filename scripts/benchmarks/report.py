@@ -61,7 +61,9 @@ def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     name = file_type(model.get("file") or model.get("name", "") if isinstance(model, dict)
                      else str(model))
     vectors = rt.get(doc, "machine", "cpu_vectors")   # the kernels' paths differ by ISA
-    label = f"{name} file on {vectors}" if vectors else f"{name} file"
+    stem = Path(str(model.get("file") or model.get("name", "") if isinstance(model, dict)
+                    else model)).name.split(".")[0]
+    label = f"{stem} {name}" + (f" on {vectors}" if vectors else "")
     levels = doc.get("levels") or {}
     if not levels:
         return []
@@ -80,13 +82,6 @@ def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     return rows
 
 
-def _transformers_rows(doc: dict) -> list[tuple]:
-    eng = doc.get("engine_tok_s")
-    return [(f"tok/s: tl-engine / {rt.COMPARE_LABELS[n]}", rt.num(eng),
-             rt.num(doc.get(f"{n}_tok_s")), _ratio(rt.get(doc, "ratios", f"engine_over_{n}")))
-            for n in ("hf_sequential", "hf_static", "hf_cb") if f"{n}_tok_s" in doc]
-
-
 def _quality_rows(doc: dict) -> list[tuple]:
     return [("perplexity: tl-engine / transformers / llama.cpp",
              rt.num(doc.get("ppl_engine"), ".4f"),
@@ -94,93 +89,18 @@ def _quality_rows(doc: dict) -> list[tuple]:
              f"{rt.num(doc.get('ppl_llamacpp'), '.4f')}", "")]
 
 
-def _overhead_rows(doc: dict) -> list[tuple]:
-    null = doc.get("null") or {}
-    both = lambda key, fmt: " / ".join(rt.num(f.get(key), fmt) for f in null.values())  # noqa: E731
-    sizes = " / ".join(null)
-    plain = both("step_ms_no_overlap", ".2f")
-    rows = [(f"ms a step, null model, {sizes} running" + (": overlapped / plain" if "-" not in plain
-             else ""), both("step_ms", ".2f"), "" if "-" in plain else plain, "")] if null else []
-    fe = [doc.get(f"frontend_us_per_delta_null_{n}") for n in null]
-    if any(v is not None for v in fe):
-        rows.append((f"frontend CPU us a delta, null model, {sizes} running",
-                     " / ".join(rt.num(v, ".1f") for v in fe), "", ""))
-    s = doc.get("smol") or {}
-    if s:
-        off = s.get("step_over_forward_in_run_no_overlap")
-        rows.append(("smol step / its forward in the run" + (": overlapped / plain" if off
-                                                               else ", 64 running"),
-                     rt.num(s.get("step_over_forward_in_run"), ".3f"),
-                     "" if off is None else rt.num(off, ".3f"), ""))
-    return rows
-
-
-def _prefix_rows(doc: dict) -> list[tuple]:
-    on, off = (rt.get(doc, s, "shared_t0", "ttft_ms", "p50") for s in ("on", "off"))
-    return [("TTFT p50 ms, shared prefix: cache on / off", rt.num(on, ",.0f"),
-             rt.num(off, ",.0f"),
-             _ratio(rt.get(doc, "ratios", "shared_t0", "ttft_p50_off_over_on")))]
-
-
-def _scale_rows(doc: dict) -> list[tuple]:
-    """Each ratio "throughput A/B": A's and B's out tok/s."""
-    rows = []
-    for key, v in (doc.get("ratios") or {}).items():
-        a, _, b = key.rpartition(" ")[2].partition("/")
-        rows.append((f"out tok/s, scale-out: {a} / {b}",
-                     rt.num(rt.get(doc, "settings", a, "output_tok_s")),
-                     rt.num(rt.get(doc, "settings", b, "output_tok_s")), _ratio(v)))
-    return rows
-
-
-def _invariant_rows(doc: dict) -> list[tuple]:
-    on, off = (rt.get(doc, "settings", s, "output_tok_s") for s in ("on", "off"))
-    return [("out tok/s, batch-invariant on / off", rt.num(on), rt.num(off),
-             _ratio(rt.get(doc, "cost", "throughput on/off")))]
-
-
-def _structured_rows(doc: dict) -> list[tuple]:
-    c, u = (rt.get(doc, "systems", s, "output_tok_s") for s in ("constrained", "unconstrained"))
-    n = rt.get(doc, "workload", "in_flight")
-    return [(f"out tok/s, {n} in flight: each under its JSON schema / free", rt.num(c),
-             rt.num(u), _ratio(rt.get(doc, "ratios", "constrained_over_unconstrained")))]
-
-
-def _speculative_rows(doc: dict) -> list[tuple]:
-    r = (doc.get("results") or {}).get("copy@1") or {}
-    on, off, peer = (rt.get(r, s, "tpot_ms_p50") for s in ("on", "off", "llamacpp-on"))
-    rows = [("TPOT p50 ms, copy-heavy, 1 in flight: n-gram drafts on / off", rt.num(on),
-             rt.num(off), _ratio(r.get("tpot_on_over_off")))] if r else []
-    if peer is not None:
-        rows.append(("TPOT p50 ms, copy-heavy, 1 in flight, both drafting: tl-engine / llama.cpp",
-                     rt.num(on), rt.num(peer), _ratio(r.get("tpot_on_over_llamacpp_on"))))
-    return rows
-
-
-def _draft_rows(doc: dict) -> list[tuple]:
-    r = (doc.get("results") or {}).get("chat@1") or {}
-    typ = rt.get(doc, "workload", "gguf_type") or "?"
-    on, off, peer = (rt.get(r, s, "tpot_ms_p50") for s in ("on", "off", "llamacpp-on"))
-    rows = [(f"TPOT p50 ms, chat, 1 in flight, {typ}: Q4_1 draft model on / off", rt.num(on),
-             rt.num(off), _ratio(r.get("tpot_on_over_off")))] if r else []
-    if peer is not None:
-        rows.append((f"TPOT p50 ms, chat, 1 in flight, {typ}, both drafting: tl-engine / "
-                     "llama.cpp", rt.num(on), rt.num(peer),
-                     _ratio(r.get("tpot_on_over_llamacpp_on"))))
-    return rows
-
-
-HEADLINE = (("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
+HEADLINE = (("compare-llamacpp-1b-q4_0.json", _llamacpp_file_rows),
+            ("compare-llamacpp-1b-q4_k_m.json", _llamacpp_file_rows),
+            ("compare-llamacpp-3b-q4_k_m.json", _llamacpp_file_rows),
+            ("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
             ("compare-llamacpp-q4_1-avx2.json", _llamacpp_file_rows),
-            ("compare-llamacpp-q8_0.json", _llamacpp_file_rows),
-            ("compare-llamacpp-q8_0-avx2.json", _llamacpp_file_rows),
-            ("compare-smol.json", _transformers_rows),
-            ("quality.json", _quality_rows), ("overhead.json", _overhead_rows),
-            ("prefix-smol.json", _prefix_rows), ("scale-dp-smol.json", _scale_rows),
-            ("invariant-smol.json", _invariant_rows),
-            ("structured-smollm2.json", _structured_rows),
-            ("speculative-smollm2.json", _speculative_rows),
-            ("speculative-draft-f32.json", _draft_rows))
+            ("quality.json", _quality_rows))   # the README's rows: at most 10
+
+
+def _no_dirs(text: str) -> str:
+    """Absolute paths as their file names: the machine's directories mean nothing to a
+    reader (docs/bench/README.md keeps them)."""
+    return re.sub(r"(?<![\w.])/[^\s,()]*/(?=[^\s/]+)", "", text)
 
 
 def headline(docs: dict[str, dict]) -> str:
@@ -194,7 +114,7 @@ def headline(docs: dict[str, dict]) -> str:
              f"Every benchmark's table, with how it was measured: [`{BENCH_DIR}/README.md`]"
              f"({BENCH_DIR}/README.md). Written by `scripts/bench report` from the JSONs; "
              "measured at:", ""]
-    lines += [f"- `{name}`: {rt.provenance(docs[name])}" for name in used]
+    lines += [f"- `{name}`: {_no_dirs(rt.provenance(docs[name]))}" for name in used]
     return "\n".join(lines)
 
 

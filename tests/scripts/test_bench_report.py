@@ -119,7 +119,7 @@ def test_the_cpu_a_figure_came_from_is_said():
     assert " on " not in rt.provenance({k: v for k, v in doc.items() if k != "machine"})
 
 
-def test_a_gguf_comparison_is_labelled_by_its_file_type():
+def test_a_gguf_comparison_is_labelled_by_its_model_and_file_type():
     from scripts.benchmarks.report import _llamacpp_file_rows, file_type
     assert file_type("/c/SmolLM2-135M-Instruct.Q4_1.gguf") == "Q4_1"
     assert file_type("/c/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e.Q8_0.gguf") == "Q8_0"
@@ -128,14 +128,14 @@ def test_a_gguf_comparison_is_labelled_by_its_file_type():
         "llamacpp": {"output_tok_s": 50.0, "tpot_ms": {"p50": 16.0}},
         "engine_over_llamacpp_tok_s": 0.8, "engine_over_llamacpp_tpot_p50": 1.25}}}
     rows = _llamacpp_file_rows(doc)
-    assert rows[0] == ("Q8_0 file, out tok/s, 1 in flight: tl-engine / llama.cpp", "40.0",
+    assert rows[0] == ("m Q8_0, out tok/s, 1 in flight: tl-engine / llama.cpp", "40.0",
                        "50.0", "0.80x")
-    assert rows[1][0] == "Q8_0 file, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp"
+    assert rows[1][0] == "m Q8_0, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp"
     assert rows[1][3] == "1.25x"
     doc["model"] = {"name": "/c/m.Q4_1.gguf", "weights": "trained", "file": "m.Q4_1.gguf"}
-    assert _llamacpp_file_rows(doc)[0][0].startswith("Q4_1 file, ")
+    assert _llamacpp_file_rows(doc)[0][0].startswith("m Q4_1, ")
     doc["machine"] = {"cpu": "AMD EPYC", "cpu_vectors": "avx2"}   # the kernel's path differs
-    assert _llamacpp_file_rows(doc)[0][0].startswith("Q4_1 file on avx2, ")
+    assert _llamacpp_file_rows(doc)[0][0].startswith("m Q4_1 on avx2, ")
 
 
 def test_the_curve_table_gives_each_setting_and_the_cost():
@@ -156,3 +156,9 @@ def test_the_llamacpp_table_gives_bandwidth_and_batched_bench():
                             61.0}}}
     text = rt.table(doc)
     assert "3.00 (24%)" in text and "61.0" in text and "Triad 12.50 GB/s" in text, text
+
+
+def test_the_readme_headline_names_no_directory_of_the_machine():
+    from scripts.benchmarks.report import _no_dirs
+    assert _no_dirs("model /root/.cache/x/m.Q4_0.gguf (trained weights: m.gguf, sha256 ab)") \
+        == "model m.Q4_0.gguf (trained weights: m.gguf, sha256 ab)"
