@@ -71,12 +71,13 @@ def _figures(runs: list[bl.RunResult], engine: bool) -> dict:
     run = cs.merged(runs)
     m = bl.metrics(run)
     keep = ("requests", "completed", "errors", "first_errors", "output_tokens", "wall_s",
-            "output_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+            "output_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "ids_partial")
     out = {k: m[k] for k in keep}
     out["round_wall_s"] = [r.wall for r in runs]
     if engine:
         out.update(cs.prefix_hits(run))
-    out["outputs"] = [t.tokens if t.error is None else None for t in run.traces]
+    out["outputs"] = [t.tokens if t.error is None and not t.ids_partial else None
+                      for t in run.traces]
     return out
 
 

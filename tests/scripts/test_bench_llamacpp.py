@@ -231,3 +231,13 @@ def test_gguf_type_takes_the_k_quants():
     assert a.gguf_type == "Q4_K_M"
     with pytest.raises(SystemExit):
         compare.parse(["--peer", "llamacpp", "--gguf", "m.gguf", "--gguf-type", "F32"])
+
+
+def test_a_stream_that_holds_back_ids_still_counts_every_token():
+    """llama-server streams no id for a token whose text ends inside a UTF-8 sequence: the
+    request is no failure, its tokens count in tok/s and TPOT, its ids are not compared."""
+    tr = bl.Trace(sent=0.0, deltas=[(1.0, 1), (2.0, 2), (3.0, 1)], tokens=[5, 6, 7],
+                  end=3.0, ids_partial=True)
+    assert tr.count() == 4 and tr.tpot() == 2.0 / 3
+    m = bl.metrics(bl.RunResult([tr], 3.0, {}, {}))
+    assert (m["errors"], m["output_tokens"], m["ids_partial"]) == (0, 4, 1)
