@@ -35,8 +35,9 @@ class GgufFacts:
         return {"format": "gguf", **asdict(self)}
 
 
-def inspect(path: str | Path) -> GgufFacts:
-    """The file's facts, or ValueError naming the first problem."""
+def inspect(path: str | Path, pinned: bool = False) -> GgufFacts:
+    """The file's facts, or ValueError naming the first problem. `pinned`: its sha256 is
+    checked against a pin, so it is computed from the bytes, never remembered."""
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise ValueError(f"{path}: no such GGUF file")
@@ -55,7 +56,8 @@ def inspect(path: str | Path) -> GgufFacts:
         gguf_metadata.check(index, arch)
     except ValueError as e:
         raise ValueError(f"{path.name}: {e}") from None
-    return GgufFacts(str(path), sha256_of(path), arch, dict(sorted(types.items())))
+    digest = hash_file(path) if pinned else sha256_of(path)
+    return GgufFacts(str(path), digest, arch, dict(sorted(types.items())))
 
 
 def read(path: Path) -> GgufIndex:
@@ -86,10 +88,12 @@ def _check_whole(path: Path, index: GgufIndex) -> None:
 
 
 def sha256_of(path: Path) -> str:
-    """The file's sha256, remembered beside it in a small JSON keyed by size and mtime, so a
-    multi-GB file is hashed once, not at every start."""
+    """The file's sha256, remembered in a small JSON keyed by the file's inode, size, mtime
+    and ctime, so a multi-GB file is hashed once, not at every start. The ctime is the
+    kernel's: a file replaced by another of the same size with its mtime set back has a new
+    one, so the old digest is not served for it."""
     st = path.stat()
-    key = f"{st.st_size}:{st.st_mtime_ns}"
+    key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
     memo = _memo_path(path)
     try:
         saved = json.loads(memo.read_text())

@@ -53,7 +53,7 @@ def model_problem(name: str) -> str | None:
 
 def _gguf_checkpoint(path: Path, pinned: str | None = None) -> tuple[Path, dict]:
     from worker.gguf_dir import metadata_dir
-    facts = gguf_file.inspect(path)
+    facts = gguf_file.inspect(path, pinned=pinned is not None)
     if pinned is not None and facts.sha256 != pinned:
         raise ValueError(f"{path}: sha256 {facts.sha256} does not match the pinned "
                          f"{pinned}: delete it to fetch it again")

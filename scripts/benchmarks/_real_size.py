@@ -1,12 +1,12 @@
 """Real-size GGUF files for the benchmarks: random weights in the shapes of the models people
 run on a CPU, written by llama.cpp's own converter and `llama-quantize`, so that both systems
-serve the very file a user would download.
+serve the very file a user would download (docs/design/benchmarks.md, "Real-size models").
 
     python -m scripts.benchmarks._real_size SHAPE TYPE   # prints the file's path
 
 SHAPE is one of SHAPES (the layer sizes of Llama-3.2-1B and -3B and Qwen2.5-1.5B, with
 SmolLM2's 49,152-token tokenizer, as the issue's 1.07B model); TYPE a `llama-quantize` type
-(Q4_0, Q4_K_M, ...) or F16. Files live in the cache (`$TL_CACHE_DIR/llamacpp/.../gguf`),
+(Q4_0, Q4_K_M, ...) or F16. Files live in the cache (`$TL_CACHE_DIR/llamacpp/.../real-size`),
 made once: the HF directory (float16 safetensors), its F16 GGUF, then each type from it.
 Speed does not depend on the weights' values; they are drawn from a fixed seed.
 """
