@@ -1,6 +1,6 @@
 """Real-size GGUF files for the benchmarks: random weights in the shapes of the models people
 run on a CPU, written by llama.cpp's own converter and `llama-quantize`, so that both systems
-serve the very file a user would download (docs/design/benchmarks.md, "Real-size models").
+serve the very file a user would download (docs/design/benchmarks.md, "llama.cpp as a peer").
 
     python -m scripts.benchmarks._real_size SHAPE TYPE   # prints the file's path
 
