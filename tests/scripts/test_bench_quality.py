@@ -106,7 +106,8 @@ def test_engine_and_transformers_agree_on_a_slice(tmp_path):
     _, ckpt = _smollm2_or_skip()
     wins = qp.windows(quality.text_tokens(ckpt)[:256], 128)
     engine, _ = quality.run_engine("smollm2", tmp_path, wins, 128, [], [])
-    ref = hf.score(ckpt, wins, 128)
+    from worker.load import float_checkpoint, resolve_checkpoint
+    ref = hf.score(float_checkpoint(*resolve_checkpoint("smollm2")), wins, 128)
     e, t = qp.perplexity(engine), qp.perplexity(ref)
     assert e.tokens == t.tokens == 2 * 63
     assert 1.0 < t.ppl < 1000.0        # a trained model on English prose
