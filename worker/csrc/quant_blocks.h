@@ -11,7 +11,7 @@
  * Super-blocks of 256 weights, read as 8 runs r of 32 weights (weight 32r + l, l < 32):
  *   Q4_K (144): fp16 d, fp16 dmin, scales[12], qs[128]
  *       q = qs[32 (r / 2) + l], its low nibble for even r, high for odd;
- *       w = (d * sc[r]) * q - dmin * mn[r], sc and mn 6 bits (k_scale_min)
+ *       w = (d * sc[r]) * q - dmin * mn[r], sc and mn 6 bits (k_scales_mins)
  *   Q5_K (176): fp16 d, fp16 dmin, scales[12], qh[32], qs[128]
  *       as Q4_K, q plus 16 where bit r of qh[l] is set
  *   Q6_K (210): ql[128], qh[64], int8 sc[16], fp16 d at byte 208
@@ -77,37 +77,69 @@ static inline uint32_t load_u32(const uint8_t *p) {
     return v;
 }
 
-/* Q4_K/Q5_K run r's scale and min (6 bits each) from the 12 bytes s: bytes 0-3 hold scales
- * 0-3 and the top 2 bits of scales 4-7, bytes 4-7 the mins alike, bytes 8-11 the low nibbles
- * of scales 4-7 and, high, of mins 4-7. */
-static inline void k_scale_min(const uint8_t *s, int r, int *sc, int *mn) {
-    if (r < 4) {
-        *sc = s[r] & 63;
-        *mn = s[r + 4] & 63;
-    } else {
-        *sc = (s[r + 4] & 15) | (s[r - 4] >> 6) << 4;
-        *mn = (s[r + 4] >> 4) | (s[r] >> 6) << 4;
-    }
+/* Q4_K/Q5_K's eight 6-bit scales and mins from the 12 bytes s: bytes 0-3 hold scales 0-3
+ * and the top 2 bits of scales 4-7, bytes 4-7 the mins alike, bytes 8-11 the low nibbles of
+ * scales 4-7 and, high, of mins 4-7. Unpacked as four 32-bit words at once. */
+static inline void k_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+    uint32_t a = load_u32(s), b = load_u32(s + 4), c = load_u32(s + 8);
+    uint32_t words[4] = {a & low6, (c & low4) | ((a >> 6) & top2) << 4,
+                         b & low6, ((c >> 4) & low4) | ((b >> 6) & top2) << 4};
+    memcpy(sc, words, 8);
+    memcpy(mn, words + 2, 8);
 }
 
-/* A run's float factors: the weight is q * scale + offset (Q4_K, Q5_K: fma(q, d sc, -dmin mn),
- * its one rounding) or q * scale. For Q6_K, scale of weights 0-15 and scale2 of 16-31. */
-typedef struct { float scale, scale2, offset; } run_factors;
+/* A block's float factors, computed once a block (not once a run): run r's weight is
+ * q * scale[r] + offset[r] (Q4_K, Q5_K: fma(q, d sc, -(dmin mn)), its one rounding); for
+ * Q6_K, weights 0-15 of run r have scale[2r], weights 16-31 scale[2r + 1]; for the 32-weight
+ * types, scale[0] = d and offset[0] = m (Q4_1, Q5_1) or 0. */
+typedef struct { float scale[16], offset[8]; } block_factors;
 
-static inline run_factors k_factors(int type, const uint8_t *blk, int r) {
-    run_factors f;
+#if defined(__AVX2__)
+/* 8 bytes at p (signed or not) as floats times d: vectors, where a compiler's loop of
+ * scalar conversions was a third of a Q4_K call's time (the same bits: the conversion is
+ * exact and the product one rounding). */
+static inline void scaled8(const void *p, int is_signed, float d, float *out) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    __m256i v = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d)));
+}
+#else
+static inline void scaled8(const void *p, int is_signed, float d, float *out) {
+    for (int j = 0; j < 8; j++)
+        out[j] = d * (float)(is_signed ? ((const int8_t *)p)[j] : ((const uint8_t *)p)[j]);
+}
+#endif
+
+static inline void block_factors_of(int type, const uint8_t *blk, block_factors *f) {
     if (type == Q6_K) {
         float d = half_to_float(blk + 208);
-        const int8_t *sc = (const int8_t *)(blk + 192 + 8 * (r / 4) + 2 * (r % 4));
-        f.scale = d * (float)sc[0];
-        f.scale2 = d * (float)sc[1];
-        f.offset = 0.0f;
-        return f;
+        scaled8(blk + 192, 1, d, f->scale);
+        scaled8(blk + 200, 1, d, f->scale + 8);
+        return;
     }
-    int sc, mn;
-    k_scale_min(blk + 4, r, &sc, &mn);
-    f.scale = f.scale2 = half_to_float(blk) * (float)sc;
-    f.offset = -(half_to_float(blk + 2) * (float)mn);
-    return f;
+    if (type == Q4_K || type == Q5_K) {
+        uint8_t sc[8], mn[8];
+        k_scales_mins(blk + 4, sc, mn);
+        scaled8(sc, 0, half_to_float(blk), f->scale);
+        scaled8(mn, 0, -half_to_float(blk + 2), f->offset);   /* -(dmin mn), exactly */
+        return;
+    }
+    f->scale[0] = half_to_float(blk);
+    f->offset[0] = type == Q4_1 || type == Q5_1 ? half_to_float(blk + 2) : 0.0f;
 }
+
+#if defined(__AVX2__)
+/* Q6_K's run r as bytes, 32 at once: the low nibble (ql, shifted for t >= 2) or'ed with the
+ * two high bits (qh >> 2t) times 16, less 32: the signed quant in -32 .. 31. */
+static inline __m256i q6_run(const uint8_t *blk, int r) {
+    int h = r / 4, t = r % 4;
+    const __m256i f15 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+    __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (t & 1)));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+    __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(t >= 2 ? 4 : 0)), f15);
+    __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), three);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+}
+#endif
 #endif

@@ -6,6 +6,7 @@
 #define RT 2
 #define NT 2
 #define BR 0                                 /* no larger tiles: 16 registers */
+#define UNROLL_RUNS 1                        /* quant_gemm.c's tile() */
 #define BC 1
 typedef struct { __m256 a, b; } lanes;
 static inline lanes lanes_zero(void) { return (lanes){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
@@ -53,24 +54,20 @@ static inline void nibbles(const uint8_t *qs, __m256i q[4]) {
     q[3] = _mm256_srli_epi32(q1, 4);
 }
 
-static inline void decode_k(int type, const uint8_t *blk, int r, lanes *w0, lanes *w1) {
-    run_factors f = k_factors(type, blk, r);
+static inline void decode_k(int type, const uint8_t *blk, int r, const block_factors *f,
+                            lanes *w0, lanes *w1) {
     __m256i q[4];
-    const __m256i f15 = _mm256_set1_epi32(15);
     if (type == Q6_K) {
-        int h = r / 4, t = r % 4;
-        const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
-        const __m128i lshift = _mm_cvtsi32_si128(t >= 2 ? 4 : 0), hshift = _mm_cvtsi32_si128(2 * t);
-        for (int i = 0; i < 4; i++) {
-            __m256i lo = _mm256_and_si256(_mm256_srl_epi32(u8x8(ql + 8 * i), lshift), f15);
-            __m256i hi = _mm256_and_si256(_mm256_srl_epi32(u8x8(qh + 8 * i), hshift),
-                                          _mm256_set1_epi32(3));
-            q[i] = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
-                                    _mm256_set1_epi32(32));
-        }
-        scaled(q, f.scale, f.scale2, 0, w0, w1);
+        __m256i q32 = q6_run(blk, r);
+        __m128i lo = _mm256_castsi256_si128(q32), hi = _mm256_extracti128_si256(q32, 1);
+        q[0] = _mm256_cvtepi8_epi32(lo);
+        q[1] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo));
+        q[2] = _mm256_cvtepi8_epi32(hi);
+        q[3] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi));
+        scaled(q, f->scale[2 * r], f->scale[2 * r + 1], 0, w0, w1);
         return;
     }
+    const __m256i f15 = _mm256_set1_epi32(15);
     const uint8_t *qs = blk + (type == Q5_K ? 48 : 16) + 32 * (r / 2);
     const __m128i shift = _mm_cvtsi32_si128(r & 1 ? 4 : 0);
     for (int i = 0; i < 4; i++) {
@@ -81,15 +78,16 @@ static inline void decode_k(int type, const uint8_t *blk, int r, lanes *w0, lane
             q[i] = _mm256_or_si256(q[i], _mm256_slli_epi32(hb, 4));
         }
     }
-    scaled(q, f.scale, f.scale, &f.offset, w0, w1);
+    scaled(q, f->scale[r], f->scale[r], f->offset + r, w0, w1);
 }
 
-static inline void lanes_decode(int type, const uint8_t *blk, int r, lanes *w0, lanes *w1) {
+static inline void lanes_decode(int type, const uint8_t *blk, int r, const block_factors *f,
+                                lanes *w0, lanes *w1) {
     if (type == Q4_K || type == Q5_K || type == Q6_K) {
-        decode_k(type, blk, r, w0, w1);
+        decode_k(type, blk, r, f, w0, w1);
         return;
     }
-    float d = half_to_float(blk);
+    float d = f->scale[0];
     if (type == Q8_0) {
         __m256 dv = _mm256_set1_ps(d);
         *w0 = (lanes){_mm256_mul_ps(q8x8(blk + 2), dv), _mm256_mul_ps(q8x8(blk + 10), dv)};
@@ -97,7 +95,6 @@ static inline void lanes_decode(int type, const uint8_t *blk, int r, lanes *w0, 
         return;
     }
     int has_min = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
-    float m = has_min ? half_to_float(blk + 2) : 0.0f;
     const uint8_t *qs = blk + 2 + 2 * has_min + 4 * five;
     __m256i q[4];
     nibbles(qs, q);
@@ -114,5 +111,5 @@ static inline void lanes_decode(int type, const uint8_t *blk, int r, lanes *w0, 
         __m256i bias = _mm256_set1_epi32(five ? 16 : 8);
         for (int i = 0; i < 4; i++) q[i] = _mm256_sub_epi32(q[i], bias);
     }
-    scaled(q, d, d, has_min ? &m : 0, w0, w1);
+    scaled(q, d, d, has_min ? f->offset : 0, w0, w1);
 }

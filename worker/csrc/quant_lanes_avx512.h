@@ -8,6 +8,7 @@
 #define RT 4                                 /* rows per tile */
 #define NT 4                                 /* columns per tile */
 #define BR 8                                 /* a call of BR rows or more: BR x BC tiles, */
+#define UNROLL_RUNS 0
 #define BC 3                                 /* 24 accumulators of the 32 registers */
 typedef __m512 lanes;
 static inline lanes lanes_zero(void) { return _mm512_setzero_ps(); }
@@ -39,34 +40,26 @@ static inline __m512 lookup(__m512i q, __mmask16 high, __m512 lo, __m512 hi) {
     return _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, lo), high, q, hi);
 }
 
-static inline void decode_q5(int type, const uint8_t *blk, lanes *w0, lanes *w1) {
-    float d = half_to_float(blk), m = type == Q5_1 ? half_to_float(blk + 2) : 0.0f;
+static inline void decode_q5(int type, const uint8_t *blk, const block_factors *f,
+                             lanes *w0, lanes *w1) {
     const uint8_t *qh = blk + (type == Q5_1 ? 4 : 2);
     uint32_t bits = load_u32(qh);
     __m512i q = bytes16(qh + 4), q1 = _mm512_srli_epi32(q, 4);
-    const float *off = type == Q5_1 ? &m : 0;
+    const float *off = type == Q5_1 ? f->offset : 0;
     float base = type == Q5_1 ? 0.0f : -16.0f;
-    __m512 lo = table16(base, d, off), hi = table16(base + 16, d, off);
+    __m512 lo = table16(base, f->scale[0], off), hi = table16(base + 16, f->scale[0], off);
     *w0 = lookup(q, (__mmask16)bits, lo, hi);
     *w1 = lookup(q1, (__mmask16)(bits >> 16), lo, hi);
 }
 
-static inline void decode_k(int type, const uint8_t *blk, int r, lanes *w0, lanes *w1) {
-    run_factors f = k_factors(type, blk, r);
+static inline void decode_k(int type, const uint8_t *blk, int r, const block_factors *f,
+                            lanes *w0, lanes *w1) {
     if (type == Q6_K) {
-        int h = r / 4, t = r % 4;
-        const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
-        const __m512i f15 = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3);
-        const __m512i lshift = _mm512_set1_epi32(t >= 2 ? 4 : 0), hshift = _mm512_set1_epi32(2 * t);
-        for (int half = 0; half < 2; half++) {
-            __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(bytes16(ql + 16 * half), lshift), f15);
-            __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(bytes16(qh + 16 * half), hshift), three);
-            __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)),
-                                         _mm512_set1_epi32(32));
-            lanes w = _mm512_mul_ps(_mm512_cvtepi32_ps(q),
-                                    _mm512_set1_ps(half ? f.scale2 : f.scale));
-            *(half ? w1 : w0) = w;
-        }
+        __m256i q = q6_run(blk, r);
+        __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+        __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+        *w0 = _mm512_mul_ps(v0, _mm512_set1_ps(f->scale[2 * r]));
+        *w1 = _mm512_mul_ps(v1, _mm512_set1_ps(f->scale[2 * r + 1]));
         return;
     }
     const uint8_t *qs = blk + (type == Q5_K ? 48 : 16) + 32 * (r / 2);
@@ -75,28 +68,29 @@ static inline void decode_k(int type, const uint8_t *blk, int r, lanes *w0, lane
         q0 = _mm512_srli_epi32(q0, 4);
         q1 = _mm512_srli_epi32(q1, 4);
     }
-    __m512 lo = table16(0.0f, f.scale, &f.offset);
+    __m512 lo = table16(0.0f, f->scale[r], f->offset + r);
     if (type == Q4_K) {
         *w0 = _mm512_permutexvar_ps(q0, lo);
         *w1 = _mm512_permutexvar_ps(q1, lo);
         return;
     }
-    __m512 hi = table16(16.0f, f.scale, &f.offset);
+    __m512 hi = table16(16.0f, f->scale[r], f->offset + r);
     const __m512i bit = _mm512_set1_epi32(1 << r);
     *w0 = lookup(q0, _mm512_test_epi32_mask(bytes16(blk + 16), bit), lo, hi);
     *w1 = lookup(q1, _mm512_test_epi32_mask(bytes16(blk + 32), bit), lo, hi);
 }
 
-static inline void lanes_decode(int type, const uint8_t *blk, int r, lanes *w0, lanes *w1) {
+static inline void lanes_decode(int type, const uint8_t *blk, int r, const block_factors *f,
+                                lanes *w0, lanes *w1) {
     if (type == Q4_K || type == Q5_K || type == Q6_K) {
-        decode_k(type, blk, r, w0, w1);
+        decode_k(type, blk, r, f, w0, w1);
         return;
     }
     if (type == Q5_0 || type == Q5_1) {
-        decode_q5(type, blk, w0, w1);
+        decode_q5(type, blk, f, w0, w1);
         return;
     }
-    __m512 d = _mm512_set1_ps(half_to_float(blk));
+    __m512 d = _mm512_set1_ps(f->scale[0]);
     if (type == Q8_0) {
         *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                   _mm_loadu_si128((const __m128i *)(blk + 2)))), d);
@@ -106,9 +100,8 @@ static inline void lanes_decode(int type, const uint8_t *blk, int r, lanes *w0, 
     }
     /* Q4_0: d * (v - 8) exact; Q4_1: fma(v, d, m), one rounding */
     __m512i q = bytes16(blk + (type == Q4_1 ? 4 : 2));
-    float m = type == Q4_1 ? half_to_float(blk + 2) : 0.0f;
-    __m512 table = table16(type == Q4_0 ? -8.0f : 0.0f, half_to_float(blk),
-                           type == Q4_1 ? &m : 0);
+    __m512 table = table16(type == Q4_0 ? -8.0f : 0.0f, f->scale[0],
+                           type == Q4_1 ? f->offset : 0);
     *w0 = _mm512_permutexvar_ps(q, table);
     *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
 }

@@ -4,6 +4,7 @@
 #define RT 1
 #define NT 1
 #define BR 0
+#define UNROLL_RUNS 0
 #define BC 1
 typedef struct { float v[16]; } lanes;
 static inline lanes lanes_zero(void) { return (lanes){{0}}; }
@@ -45,17 +46,15 @@ static inline int run_quant(int type, const uint8_t *blk, int r, int j) {
     }
 }
 
-static inline void lanes_decode(int type, const uint8_t *blk, int r, lanes *w0, lanes *w1) {
-    run_factors f;
+static inline void lanes_decode(int type, const uint8_t *blk, int r, const block_factors *f,
+                                lanes *w0, lanes *w1) {
     int has_min = type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K;
-    if (type == Q4_K || type == Q5_K || type == Q6_K) {
-        f = k_factors(type, blk, r);
-    } else {
-        f.scale = f.scale2 = half_to_float(blk);
-        f.offset = has_min ? half_to_float(blk + 2) : 0.0f;
-    }
+    int k = type == Q4_K || type == Q5_K || type == Q6_K;
+    float scale = f->scale[type == Q6_K ? 2 * r : k ? r : 0];
+    float scale2 = type == Q6_K ? f->scale[2 * r + 1] : scale;
+    float offset = has_min ? f->offset[k ? r : 0] : 0.0f;
     for (int j = 0; j < 32; j++) {
-        float q = (float)run_quant(type, blk, r, j), s = j < 16 ? f.scale : f.scale2;
-        (j < 16 ? w0 : w1)->v[j & 15] = has_min ? fmaf(q, s, f.offset) : s * q;
+        float q = (float)run_quant(type, blk, r, j), s = j < 16 ? scale : scale2;
+        (j < 16 ? w0 : w1)->v[j & 15] = has_min ? fmaf(q, s, offset) : s * q;
     }
 }
