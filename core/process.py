@@ -351,6 +351,7 @@ class CoreLoop:
                 "preemptions": st.preemptions, "finished": st.finished,
                 "max_model_len": self.engine.sched.cfg.max_model_len,
                 "model": self.info.model, "tokenizer": self.info.tokenizer, "tp": self.info.tp,
+                "threads": self.info.threads,
                 "step_ms_total": self.engine.step_ms_total,
                 "step_ms_histogram": self.engine.step_times.snapshot(),
                 **prefix_stats(self.engine.sched.blocks),

@@ -6,7 +6,7 @@ import zmq
 
 from core.ipc.lifeline import die_with_parent, exit_now, sigterm_as_interrupt
 from worker.bf16 import dtype_name
-from worker.threads import cores, set_wait_policy, threads_problem, use_threads
+from worker.threads import cores, described, set_wait_policy, threads_problem, use_threads
 
 
 def main(argv=None) -> int:
@@ -47,7 +47,8 @@ def main(argv=None) -> int:
         p.error("--batch-invariant runs with --tp 1")
     if why := threads_problem(a.threads, cores()):
         p.error(why)
-    set_wait_policy()   # before torch loads libgomp, which reads it once
+    # before torch loads libgomp, which reads it once
+    set_wait_policy(threads=a.threads or cores(), ncores=cores())
     die_with_parent()
     interrupts = sigterm_as_interrupt()
     from worker.settings import LOAD_ERRORS, draft_problem, problem, refuse  # torch loads after the lifeline
@@ -72,6 +73,7 @@ def main(argv=None) -> int:
                              quantize=a.quantize, dequantize=a.dequantize, draft=a.draft)
     except (*LOAD_ERRORS, RegistryUnavailable) as e:   # settings or a model it cannot serve
         return refuse(str(e))
+    runner.info.threads = described(a.threads or cores())
     ctx = zmq.Context()
     try:
         with interrupts.end_quietly():

@@ -11,22 +11,33 @@ libgomp's idle threads spin by default (GOMP_SPINCOUNT 300000, about a milliseco
 wait) before they sleep. A decode step is hundreds of short parallel regions, so on a
 machine whose cores are also busy with something else (another replica, the core
 process, any other load) a spinning thread holds a core that the thread which has work
-needs, and a step took 7-20x longer. libgomp reads its wait policy once, when it is
-loaded, so set_wait_policy must run before torch is imported; a user's own
-OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept. docs/design/processes.md ("Threads") has the
-measurement behind DEFAULT_WAIT.
+needs, and a step took 7-20x longer. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a
+wake-up in each region instead: on a quiet machine a 1B model's step took 1.2x longer
+than with a short spin. So the default is chosen where the worker starts: a short spin
+(SHORT_SPIN, some microseconds) where the machine's recent load leaves the worker's
+threads their cores, the passive wait where it does not. libgomp reads its wait policy
+once, when it is loaded, so set_wait_policy must run before torch is imported; a user's
+own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept. docs/design/processes.md ("Threads") has
+the measurements.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 # Past this many threads per core of the affinity mask a setting is a typo, not a choice.
 MAX_THREADS_PER_CORE = 4
 # The variables by which a user chooses the wait policy themself.
 WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-# The default: idle threads sleep at once (docs/design/processes.md, "Threads").
+# Idle threads sleep at once: the default on a busy machine (docs/design/processes.md,
+# "Threads").
 DEFAULT_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Idle threads spin a few microseconds, long enough to span the gap between two parallel
+# regions of a step, then sleep: the default where the cores are the worker's.
+SHORT_SPIN = {"GOMP_SPINCOUNT": "3000"}
+# The 1-minute load average under which `threads` threads have their cores: below
+# cores - threads + LOAD_SLACK (a quiet machine's load is a few tenths, not 0).
+LOAD_SLACK = 0.5
 
 
 def cores() -> int:
@@ -52,13 +63,31 @@ def threads_problem(threads: int | None, ncores: int) -> str | None:
     return None
 
 
-def set_wait_policy(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
-    """Put DEFAULT_WAIT into `environ` unless the user chose a wait policy of their own;
-    returns what it set. Must run before torch (and so libgomp) is loaded."""
+def default_wait(threads: int, ncores: int, load: float) -> dict[str, str]:
+    """The wait policy for `threads` threads on `ncores` cores under this 1-minute load:
+    a short spin where the others' load leaves the threads their cores, else passive."""
+    if load < ncores - threads + LOAD_SLACK:
+        return dict(SHORT_SPIN)
+    return dict(DEFAULT_WAIT)
+
+
+def set_wait_policy(environ: MutableMapping[str, str] = os.environ, threads: int = 1,
+                    ncores: int = 1, load: float | None = None) -> dict[str, str]:
+    """Put the default wait policy for `threads` threads into `environ` unless the user
+    chose one of their own; returns what it set. `load`: the 1-minute load average (read
+    here when None). Must run before torch (and so libgomp) is loaded."""
     if any(name in environ for name in WAIT_ENV):
         return {}
-    environ.update(DEFAULT_WAIT)
-    return dict(DEFAULT_WAIT)
+    chosen = default_wait(threads, ncores, os.getloadavg()[0] if load is None else load)
+    environ.update(chosen)
+    return chosen
+
+
+def described(threads: int, environ: Mapping[str, str] = os.environ) -> dict:
+    """What stats() says of the worker's threads: their count and the wait policy in force
+    (`name=value` of the variables set, "libgomp default" where none is)."""
+    wait = ", ".join(f"{n}={environ[n]}" for n in WAIT_ENV if n in environ)
+    return {"count": threads, "wait": wait or "libgomp default"}
 
 
 def use_threads(threads: int) -> None:

@@ -86,6 +86,8 @@ class ModelInfo:
     quantization: dict = field(default_factory=dict)   # {"mode": gguf | q8_0 | q4_0 | none,
     # "layers": {module name: type}} (worker/quantized.py)
     draft: str = ""               # the draft model that proposes drafts (worker/draft.py); "" none
+    threads: dict = field(default_factory=dict)   # {"count": torch's pool width, "wait": the
+    # OpenMP wait policy it runs under} (worker/threads.py)
 
 
 # ---------------------------------------------------------------- client <-> frontend

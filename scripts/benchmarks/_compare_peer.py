@@ -127,6 +127,7 @@ def run_level(a, reqs, c: int, peer: Peer) -> tuple[dict, dict, list]:
     """Both systems cold at concurrency c (a fresh engine group, a fresh llama-server),
     taking turns round by round (who goes first alternates); the engine's and llama.cpp's
     figures, and the engine's serve args."""
+    load = cs.settle()
     g, args = cs.start_engine(a, reqs)
     try:
         srv = peer.start(reqs, c)
@@ -144,7 +145,7 @@ def run_level(a, reqs, c: int, peer: Peer) -> tuple[dict, dict, list]:
             srv.stop()
     finally:
         g.stop()
-    return (_figures(runs["engine"], True),
+    return ({**_figures(runs["engine"], True), "load_at_start": load},
             {**_figures(runs["llamacpp"], False), "server_args": srv.args[1:],
              "log": str(srv.log)}, args)
 

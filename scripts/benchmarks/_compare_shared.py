@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from scripts.benchmarks import common as bl
@@ -60,6 +62,22 @@ def merged(runs: list[bl.RunResult]) -> bl.RunResult:
 def prefix_hits(run: bl.RunResult) -> dict:
     """The engine's prefix-cache tokens over the run (its stats() before and after)."""
     return hit_rate(run.stats_before, run.stats_after)
+
+
+# The 1-minute load average under which a level starts: the engine's worker chooses its
+# threads' wait policy from it when it starts (worker/threads.py), so a level must not start
+# on the load of the level before; both systems start on the same settled machine.
+SETTLED_LOAD = 0.5
+SETTLE_SECONDS = 240
+
+
+def settle(limit: float = SETTLED_LOAD, timeout: float = SETTLE_SECONDS) -> float:
+    """Wait until the 1-minute load average is under `limit` (at most `timeout` s); the
+    load it starts on, which the JSON records."""
+    deadline = time.monotonic() + timeout
+    while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return round(os.getloadavg()[0], 2)
 
 
 def start_engine(a, reqs):

@@ -178,6 +178,7 @@ def test_a_shared_prefix_is_served_from_the_cache(client):
     assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] == again.cached_tokens
     assert after["prefix_cache"] and after["cached_blocks"] > 0
     assert after["free_blocks"] == after["total_blocks"]     # cached blocks count as free
+    assert after["threads"]["count"] >= 1 and after["threads"]["wait"]
     same = client.generate(system + "Question one?", max_tokens=6, ignore_eos=True)
     n = len(same.prompt_token_ids)
     assert same.token_ids == first.token_ids

@@ -241,3 +241,15 @@ def test_a_stream_that_holds_back_ids_still_counts_every_token():
     assert tr.count() == 4 and tr.tpot() == 2.0 / 3
     m = bl.metrics(bl.RunResult([tr], 3.0, {}, {}))
     assert (m["errors"], m["output_tokens"], m["ids_partial"]) == (0, 4, 1)
+
+
+def test_a_level_starts_on_a_settled_machine(monkeypatch):
+    """compare waits for the load of the level before to decay (the worker chooses its wait
+    policy from it), and gives up after its timeout."""
+    loads = iter([2.0, 1.2, 0.4, 0.4])
+    slept = []
+    monkeypatch.setattr(cs.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(cs.time, "sleep", slept.append)
+    assert cs.settle(limit=0.5) == 0.4 and len(slept) == 2
+    monkeypatch.setattr(cs.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    assert cs.settle(limit=0.5, timeout=0) == 3.0

@@ -15,8 +15,8 @@ from scripts.group.supervisor import parse
 from worker import __main__ as worker_main
 from worker.handmade import Part, make_batch
 from worker.load import make_runner
-from worker.threads import (DEFAULT_WAIT, MAX_THREADS_PER_CORE, cores, default_threads,
-                            set_wait_policy, threads_problem)
+from worker.threads import (DEFAULT_WAIT, MAX_THREADS_PER_CORE, SHORT_SPIN, cores, default_threads,
+                            default_wait, described, set_wait_policy, threads_problem)
 
 ENDPOINTS = ["--to-core", "ipc:///nowhere/a", "--from-core", "ipc:///nowhere/b"]
 
@@ -56,10 +56,27 @@ def _flag(cmd: list[str]) -> str:
 
 def test_the_wait_policy_is_the_default_unless_the_user_chose_one():
     env: dict[str, str] = {}
-    assert set_wait_policy(env) == DEFAULT_WAIT and env == DEFAULT_WAIT
+    assert set_wait_policy(env, threads=2, ncores=2, load=3.0) == DEFAULT_WAIT == env
     for own in ({"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "0"}):
         env = dict(own)
-        assert set_wait_policy(env) == {} and env == own
+        assert set_wait_policy(env, threads=2, ncores=2, load=0.0) == {} and env == own
+
+
+def test_threads_spin_briefly_only_where_the_load_leaves_them_their_cores():
+    # a quiet 2-core machine: 2 threads spin briefly; a busy one (a `yes` beside: load 1)
+    # or more threads than the load leaves cores for: they sleep at once
+    assert default_wait(2, 2, 0.2) == SHORT_SPIN
+    assert default_wait(2, 2, 1.0) == DEFAULT_WAIT
+    assert default_wait(1, 2, 1.0) == SHORT_SPIN
+    assert default_wait(8, 16, 7.0) == SHORT_SPIN
+    assert default_wait(8, 16, 9.0) == DEFAULT_WAIT
+    env: dict[str, str] = {}
+    assert set_wait_policy(env, threads=2, ncores=2, load=0.1) == SHORT_SPIN == env
+
+
+def test_stats_say_the_threads_and_their_wait():
+    assert described(2, {"GOMP_SPINCOUNT": "3000"}) == {"count": 2, "wait": "GOMP_SPINCOUNT=3000"}
+    assert described(1, {}) == {"count": 1, "wait": "libgomp default"}
 
 
 def test_the_worker_module_loads_no_torch_before_it_sets_the_wait_policy():
