@@ -194,3 +194,9 @@ def test_wrong_inputs_are_refused_not_misread():
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize(torch.randn(4, 48), quant.Q8_0)
     assert quant.matmul(torch.randn(0, 64), qw).shape == (0, 4)
+
+
+def test_quantizing_to_a_type_it_does_not_make_is_a_clear_refusal():
+    """The K-quants are read from files; asking to make one names the types it makes."""
+    with pytest.raises(ValueError, match="Q8_0, Q4_0, Q4_1 blocks, not Q4_K"):
+        quantize(torch.randn(4, 256), quant.Q4_K)

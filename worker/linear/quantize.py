@@ -14,9 +14,13 @@ def quantize(weight: torch.Tensor, qtype: QuantType) -> QuantWeight:
     if weight.dim() != 2 or weight.shape[1] % BLOCK:
         raise ValueError(f"quantizing takes an [out, in] weight with in a multiple of {BLOCK}, "
                          f"not {list(weight.shape)}")
+    quantizer = QUANTIZERS.get(qtype)
+    if quantizer is None:   # the K-quants and Q5 types are read from files, not made here
+        raise ValueError(f"quantizing makes {', '.join(t.name for t in QUANTIZERS)} blocks,"
+                         f" not {qtype.name}")
     out, k = weight.shape
     x = weight.detach().to(torch.float32).reshape(out, k // BLOCK, BLOCK)
-    parts = {Q8_0: _q8_0, Q4_0: _q4_0, Q4_1: _q4_1}[qtype](x)
+    parts = quantizer(x)
     data = torch.cat([p.contiguous().view(torch.uint8) for p in parts], dim=-1)
     return QuantWeight(data.reshape(out, -1).contiguous(), qtype, (out, k))
 
@@ -55,3 +59,7 @@ def _pack(q: torch.Tensor) -> torch.Tensor:
     """[..., 32] values 0..15 -> [..., 16] bytes: element j low, j + 16 high (ggml's order)."""
     q = q.to(torch.uint8)
     return q[..., :16] | (q[..., 16:] << 4)
+
+
+# The types this module makes, each with its ggml reference quantizer.
+QUANTIZERS = {Q8_0: _q8_0, Q4_0: _q4_0, Q4_1: _q4_1}
