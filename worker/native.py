@@ -1,5 +1,5 @@
-"""The C decode-attention kernel (csrc/paged_decode.c): built once per machine with the
-system C compiler, loaded with ctypes (`load` builds the other kernels of csrc/ alike).
+"""The C decode-attention kernel (worker/csrc/paged_decode.c): built once per machine with the
+system C compiler, loaded with ctypes (`load` builds the other kernels of worker/csrc/ alike).
 Absent (no compiler, not glibc/Linux, TL_NATIVE=0) the worker keeps the torch path, which
 gives the same results up to fp32 rounding.
 

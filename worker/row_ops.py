@@ -1,4 +1,4 @@
-"""The Llama family's small per-token ops in C (csrc/row_ops.c): RMSNorm (optionally after the
+"""The Llama family's small per-token ops in C (worker/csrc/row_ops.c): RMSNorm (optionally after the
 residual add) and the rotary embedding of q and k. Each replaces 9-16 of torch's calls;
 worker/fused_llama.py puts them in a model's modules. Every row is summed in one fixed
 order, whatever the call's rows.

@@ -1,6 +1,6 @@
 """Linear layers on weights kept in GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in
 blocks of 32 weights; the K-quants Q4_K, Q5_K, Q6_K in super-blocks of 256): the C kernel
-(csrc/quant_gemm.c) multiplies float32 rows by them without unpacking them, every output
+(worker/csrc/quant_gemm.c) multiplies float32 rows by them without unpacking them, every output
 summed in one fixed order (docs/design/cpu-paths.md, "Quantized weights"). Without the
 kernel (no C compiler, TL_NATIVE=0) `matmul` dequantizes and calls F.linear: the same
 weights, another summation order.
