@@ -104,7 +104,10 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     from worker.bf16 import fallback_note
     if note := fallback_note(device, dtype):
         print(note, file=sys.stderr, flush=True)
+    from worker import prebuild
+    kernels_built = prebuild.start(device)   # beside the metadata's read
     path, checkpoint = resolve_checkpoint(model)
+    kernels_built()
     mode = quantized.mode(checkpoint, quantize, dequantize, device, dtype, tp)
     tensors = None
     if mode == "gguf":

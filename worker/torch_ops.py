@@ -41,7 +41,7 @@ def register() -> bool:
     if quant_lib is None or rows_lib is None or attention_lib is None:
         return False
     try:   # loading registers the kernels (the library's static initializers)
-        shim = ctypes.CDLL(str(_build()))
+        shim = ctypes.CDLL(str(build()))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         print(f"[worker] C++ graph ops unavailable, their Python kernels serve: {e}",
               file=sys.stderr, flush=True)
@@ -57,7 +57,8 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
-def _build() -> Path:
+def build() -> Path:
+    """The C++ library of OPS for this torch, compiled if missing (worker/native.py build)."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (c++) on PATH")
