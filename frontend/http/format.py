@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from frontend.http import logprobs, prompt_logprobs
+from frontend.http import logprobs, prompt_logprob_fields
 from frontend.http.schema import GenRequest
 from frontend.http.tokens import Tokens
 
@@ -157,12 +157,12 @@ class CompletionFormat:
         """echo with logprobs: the choice's own prompt's entries, ahead of its completion's."""
         if self.ask.echo_logprobs is None or prompt[1] is None:
             return []
-        return prompt_logprobs.echo_entries(*prompt, self.ask.echo_logprobs)
+        return prompt_logprob_fields.echo_entries(*prompt, self.ask.echo_logprobs)
 
     def _vllm(self, t: Tally) -> list | None:
         if t.prompt[1] is None:
             return None
-        return prompt_logprobs.vllm_shape(self.tokens, *t.prompt, self.ask.vllm)
+        return prompt_logprob_fields.vllm_shape(self.tokens, *t.prompt, self.ask.vllm)
 
     def _part(self, i: int, text: str, got: list, finish: str | None) -> dict:
         if self._unsent[i]:

@@ -21,7 +21,7 @@ from frontend.http.fanout import FanOut
 from frontend.http.format import CompletionFormat, Tally
 from frontend.http.identity import key_hash
 from frontend.http.metrics import Metrics
-from frontend.http.prompt_logprobs import client_for
+from frontend.http.prompt_logprob_fields import client_for
 from frontend.http.schema import GenRequest
 
 log = logging.getLogger("http")

@@ -21,7 +21,7 @@ from frontend.http.chat import ChatTemplate
 from frontend.http.chat_special import ChatPrompt
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
-from frontend.http.prompt_logprobs import (PromptAsk, chat_ask, completion_ask,
+from frontend.http.prompt_logprob_fields import (PromptAsk, chat_ask, completion_ask,
                                            engine_max_tokens)
 from frontend.http.reply_bound import check_reply
 from frontend.http.tools import ToolAsk, tool_ask
@@ -53,7 +53,7 @@ class GenRequest:
     prompts: list | None = None   # a batch's prompts (None: msg.prompt alone)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
     max_tokens_field: str = "max_tokens"  # the body's name for it (chat: either name)
-    prompt_ask: PromptAsk = PromptAsk()   # prompt logprobs (prompt_logprobs.py)
+    prompt_ask: PromptAsk = PromptAsk()   # prompt logprobs (prompt_logprob_fields.py)
     tools: ToolAsk | None = None          # the offered tools (tools.py)
     # a chat whose user strings spell special tokens: msg.prompt must become its ids
     # (ChatTemplate.ids, off the loop) before it is sent

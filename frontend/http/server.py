@@ -38,7 +38,7 @@ from frontend.http import log_filter
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http.auth import Guard
 from frontend.http.chat import ChatTemplate
-from frontend.http.heap import HeapTrim
+from frontend.http.malloc_trim import HeapTrim
 from frontend.http.metrics import Metrics
 from frontend.http.render_bound import TemplateRefused
 from frontend.torchless import forbid_torch

@@ -7,7 +7,7 @@ import pytest
 from core.heap import LazyHeap
 from core.sched import (AdmitError, Chunk, Chunked, Finished, FinishReason, InvalidRequest,
                         Request, SchedPolicy, SchedulerConfig, StepOutput, TokenEvent)
-from tests.core.test_sched_seed import FCFS, PRIORITY, expect, make, pool_kind, prompt  # noqa: F401
+from tests.core.test_sched_contract import FCFS, PRIORITY, expect, make, pool_kind, prompt  # noqa: F401
 from tests.fake_model import FakeModel, check_blocks, continuation, run
 
 # pool_kind (autouse) runs every test here over the free list and over the prefix cache

@@ -282,7 +282,7 @@ def test_tokenize_refuses_what_cannot_fit_before_tokenizing(tmp_path):
 
 def test_the_heap_trim_returns_freed_memory():
     """What server.py calls every reap: freed heap pages go back to the kernel (glibc)."""
-    from frontend.http.heap import HeapTrim
+    from frontend.http.malloc_trim import HeapTrim
 
     def rss_mb() -> int:
         with open("/proc/self/status") as f:
