@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from core.engine import INT32_MAX, Engine
+from core.bounds import INT32_MAX, MAX_NUM_DRAFT
+from core.engine import Engine
 from core.ipc.protocol import ModelInfo
 from core.logrecords import FORMAT
 from core.sched import (Chunked, FreeListBlocks, PrefixCacheBlocks, SchedPolicy, Scheduler,
                         SchedulerConfig, WholePrompt)
-from core.sched_types import MAX_NUM_DRAFT
 
 # The KV layout an engine runs with (its worker's pool, or a step log's meta at replay): a
 # slot (block * block_size + offset) and a position (< max_model_len) travel as int32

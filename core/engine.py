@@ -15,6 +15,7 @@ from operator import attrgetter
 import msgpack
 
 from core.batch import build_batch, sampled_ids
+from core.bounds import INT32_MAX, SEED_MASK
 from core.first_samples import FirstSamples
 from core.ipc.protocol import ForwardBatch, SamplingParams
 from core.logrecords import FORMAT, PromptLogprobsRecord, StepRecord
@@ -26,8 +27,6 @@ from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Sched
 from core.speculate import PENDING, kept_rows
 from core.table_growth import KeptTables, TableLedger
 
-SEED_MASK = (1 << 63) - 1
-INT32_MAX = (1 << 31) - 1
 
 
 def check_ranges(req: Request, sampling: SamplingParams) -> None:

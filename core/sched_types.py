@@ -9,14 +9,9 @@ from enum import Enum
 # name `id` (Chunk.id, StepOutput.id, abort(id), ...), the step log's columns requests.id and
 # inputs.request_id hold it, and so does Result.metrics["log_id"] (core/request_metrics.py).
 RequestId = int
-# Priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]: by the scheduler, and before it
-# by the frontend and the gateway (frontend/limits.py). Keep this module import-light.
-MAX_PRIORITY = 1000
-# A request's cache_salt: the frontend sends a 16-character digest of it; a client's raw
-# salt is held to the same bound (frontend/validate.py).
-MAX_CACHE_SALT_CHARS = 256
-# The most drafts a request gets in one step (scripts/serve --num-draft).
-MAX_NUM_DRAFT = 16
+# Its bounds are core/bounds.py's, re-exported here as the pinned API has them. Keep this
+# module import-light.
+from core.bounds import MAX_CACHE_SALT_CHARS, MAX_NUM_DRAFT, MAX_PRIORITY  # noqa: F401,E402
 
 
 class SchedPolicy(Enum):

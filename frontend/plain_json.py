@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from frontend.limits import MAX_JSON_DEPTH
+from core.bounds import MAX_JSON_DEPTH
 from frontend.validate import InvalidField
 
 _SCALARS = (str, bool, int, type(None))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from core.ipc.protocol import Generate, SamplingParams
-from frontend.limits import SEED_LIMIT
+from core.bounds import SEED_LIMIT
 
 
 def failover_seed(msg: Generate, ident: bytes) -> int | None:

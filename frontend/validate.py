@@ -3,7 +3,7 @@
 Types, unknown and missing fields are the decoder's job (core.ipc.protocol.decode).
 Every failure is an InvalidField whose message and `field` name the field; the frontend
 answers it with code 400, the gateway with its own 400 (param = field). The bounds are in
-frontend/limits.py.
+core/bounds.py.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 from typing import Sequence
 
 from core.ipc.protocol import WIRE, Generate, ModelInfo
-from frontend.limits import (INT32_MAX, MAX_CACHE_SALT_CHARS, MAX_KEY_HASH_CHARS,
+from core.bounds import (INT32_MAX, MAX_CACHE_SALT_CHARS, MAX_KEY_HASH_CHARS,
                              MAX_LOGPROBS, MAX_PENALTY, MAX_PRIORITY, MAX_REPETITION_PENALTY,
                              MAX_REQUEST_ID_CHARS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS,
                              MAX_TEMPERATURE, MAX_USER_CHARS, MIN_TEMPERATURE, SEED_LIMIT)

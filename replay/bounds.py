@@ -1,6 +1,6 @@
 """A step log's values against the bounds the engine applies to them: the KV layout's
 (core/config.py), a request's fields as the frontend checks them (frontend/validate.py over
-frontend/limits.py), and the model's vocabulary and context from the log's own meta. A value
+core/bounds.py), and the model's vocabulary and context from the log's own meta. A value
 no engine could have logged is damage (exit 2), never a crash or a divergence further on."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 
 from core.config import layout_problem
-from core.engine import INT32_MAX
+from core.bounds import INT32_MAX
 from core.ipc.protocol import SamplingParams
 from frontend.validate import InvalidField, check_fields
 from replay.damage import DamagedLog, int_list, integer

@@ -7,7 +7,8 @@ from operator import itemgetter
 from core.ipc.protocol import CONSTRAINT_KINDS
 from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
-from core.sched_types import FINISH_REASONS, MAX_CACHE_SALT_CHARS, MAX_NUM_DRAFT
+from core.bounds import MAX_CACHE_SALT_CHARS, MAX_NUM_DRAFT
+from core.sched_types import FINISH_REASONS
 from core.speculate import PENDING
 from replay.bounds import Bounds, check_request, meta_bounds
 from replay.damage import (DamagedLog, boolean, clock, int_list, integer, mapping, number,

@@ -11,7 +11,7 @@ row could differ from the decode row the log holds).
 from __future__ import annotations
 
 from core.config import CoreConfig
-from core.sched_types import MAX_NUM_DRAFT
+from core.bounds import MAX_NUM_DRAFT
 from replay.trace import TraceError
 
 PROPOSERS = ("ngram", "off")   # --speculative's values a what-if can predict

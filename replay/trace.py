@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from core.engine import speculative
 from core.ipc.protocol import SamplingParams
-from core.sched_types import MAX_PRIORITY
+from core.bounds import MAX_PRIORITY
 from replay.logfile import LogFile
 from replay.timeline import Recorded
 

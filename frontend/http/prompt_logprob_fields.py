@@ -22,7 +22,7 @@ from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, INT, get
 from frontend.http.logprobs import Entry, _finite
 from frontend.http.tokens import Tokens
-from frontend.limits import MAX_LOGPROBS
+from core.bounds import MAX_LOGPROBS
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from frontend.http.prompt_logprob_fields import (PromptAsk, chat_ask, completion
                                            engine_max_tokens)
 from frontend.http.reply_bound import check_reply
 from frontend.http.tools import ToolAsk, tool_ask
-from frontend.limits import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
+from core.bounds import MAX_LOGPROBS, MAX_PRIORITY, SEED_LIMIT
 from frontend.structured import constraint_of
 from frontend.validate import InvalidField, check_fields
 

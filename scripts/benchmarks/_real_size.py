@@ -95,6 +95,7 @@ def gguf_file(shape: str, qtype: str) -> Path:
 
 
 def _convert(shape: str, out: Path) -> None:
+    get.ensure_tool("llama-quantize")   # fetches the tree the converter comes from
     src = get.home() / "src"
     get.ensure_gguf_package()
     _ensure_sentencepiece()

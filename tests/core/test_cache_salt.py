@@ -6,7 +6,7 @@ import pytest
 
 from core.prefix_cache import _ROOT, chain_root
 from core.sched import Chunked, InvalidRequest, Request, Scheduler, SchedulerConfig
-from core.sched_types import MAX_CACHE_SALT_CHARS
+from core.bounds import MAX_CACHE_SALT_CHARS
 from tests.core.test_prefix_cache import Checked, toks
 from tests.fake_model import FakeModel, run
 

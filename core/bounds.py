@@ -1,17 +1,27 @@
-"""The bounds a request's values must keep, shared by the frontend's checks (validate.py)
-and the gateway's (frontend/http/schema.py), so that both answer the same 400.
+"""Every bound a request's values must keep, said once: the frontend's checks
+(frontend/validate.py), the gateway's (frontend/http/schema.py), the engine's last check
+(core/engine.py, check_ranges), the scheduler's types and replay's check of a log
+(replay/bounds.py, replay/rows.py) all import them from here, so they answer alike.
 
 Every bound keeps a value inside the wire type that carries it further (int32 arrays for
 top_k, int64 for seeds and the step log's integers) and inside what sampling can use;
-the model's own bounds (max_model_len, vocab_size) come from its ModelInfo.
+the model's own bounds (max_model_len, vocab_size) come from its ModelInfo. Import-light:
+the scheduler and the frontend (which runs without torch) import it.
 """
 from __future__ import annotations
 
-from core.sched_types import MAX_PRIORITY  # noqa: F401  (re-exported: priority in [-MAX_PRIORITY, MAX_PRIORITY])
-from core.sched_types import MAX_CACHE_SALT_CHARS  # noqa: F401  (re-exported: a cache_salt's length)
+# Priorities are accepted in [-MAX_PRIORITY, MAX_PRIORITY]: by the scheduler, and before it
+# by the frontend and the gateway.
+MAX_PRIORITY = 1000
+# A request's cache_salt: the frontend sends a 16-character digest of it; a client's raw
+# salt is held to the same bound (frontend/validate.py).
+MAX_CACHE_SALT_CHARS = 256
+# The most drafts a request gets in one step (scripts/serve --num-draft).
+MAX_NUM_DRAFT = 16
 
 INT32_MAX = 2 ** 31 - 1          # top_k travels as int32 (core/batch.py)
 SEED_LIMIT = 2 ** 63             # seeds travel as int64; [0, 2**63)
+SEED_MASK = SEED_LIMIT - 1      # a derived seed is a hash masked into that range
 # Below MIN_TEMPERATURE, float32 logits / temperature can overflow to inf and sampling
 # returns garbage instead of the greedy token; above MAX_TEMPERATURE sampling is uniform
 # for any realistic logits, so larger values mean nothing more.
