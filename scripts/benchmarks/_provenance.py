@@ -110,8 +110,17 @@ def model_record(name: str) -> dict:
     path = Path(name).expanduser()
     files = [path] if path.is_file() else sorted(
         f for f in path.glob("*") if f.suffix in (".safetensors", ".bin", ".gguf"))
-    return {"name": name, "weights": "trained", "file": path.name,
+    return {"name": name, "weights": _weights_of(path), "file": path.name,
             "sha256": _sha256(files) if files else None}
+
+
+def _weights_of(path: Path) -> str:
+    """A real-size file (scripts/benchmarks/_real_size.py) holds random weights in a real
+    model's shape; any other file is taken as trained."""
+    from scripts.benchmarks import _real_size
+    if path.resolve().is_relative_to(_real_size.home().resolve()):
+        return "random"
+    return "trained"
 
 
 def _sha256(files: list[Path]) -> str:

@@ -56,7 +56,7 @@ def model_text(m) -> str:
     if not isinstance(m, dict):
         return "none" if m is None else UNKNOWN
     w = m.get("weights", UNKNOWN)
-    if w == "random":
+    if w == "random" and m.get("preset"):
         return f"{m.get('name')} (random weights: preset {m.get('preset')}, seed {m.get('seed')})"
     if m.get("sha256"):
         return f"{m.get('name')} ({w} weights: {m.get('file')}, sha256 {m['sha256'][:12]})"

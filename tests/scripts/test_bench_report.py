@@ -91,6 +91,21 @@ def test_model_records_say_random_or_trained():
     assert prov.models_record(None) is None
 
 
+def test_a_real_size_file_is_labelled_random(tmp_path, monkeypatch):
+    """The benchmarks' real-size files hold random weights in a real model's shape: their
+    provenance says so (an earlier README called them trained)."""
+    monkeypatch.setenv("TL_CACHE_DIR", str(tmp_path / "cache"))
+    from scripts.benchmarks import _real_size
+    home = _real_size.home()
+    home.mkdir(parents=True)
+    (home / "llama1b.Q4_0.gguf").write_bytes(b"GGUF")
+    (tmp_path / "mine.gguf").write_bytes(b"GGUF")
+    made = prov.model_record(str(home / "llama1b.Q4_0.gguf"))
+    assert made["weights"] == "random" and len(made["sha256"]) == 64
+    assert "random weights: llama1b.Q4_0.gguf" in rt.model_text(made)
+    assert prov.model_record(str(tmp_path / "mine.gguf"))["weights"] == "trained"
+
+
 def test_turns_rotate_who_goes_first():
     assert cs.turns(("engine", "a", "b"), 4) == [("engine", "a", "b"), ("a", "b", "engine"),
                                                   ("b", "engine", "a"), ("engine", "a", "b")]
