@@ -8,6 +8,7 @@ tokens. Pure Python, no I/O: the caller runs the model between the two calls.
 from __future__ import annotations
 
 from array import array
+from enum import Enum
 from bisect import insort
 from operator import attrgetter
 from typing import Sequence
@@ -32,33 +33,44 @@ __all__ = [
 ]
 
 
+class ReqStatus(Enum):
+    """Where a request is: in the waiting heap (new or preempted by recompute), running
+    (holding blocks, in the running list), or gone (finished or aborted)."""
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
 class _Req:
-    __slots__ = ("id", "tokens", "n", "c", "prompt_len", "max_tokens", "key", "arrival",
-                 "limit", "rank", "handle", "running", "sample_at", "ahead", "cache_hits",
-                 "salt", "k", "drafts", "taken", "seen")
+    __slots__ = ("id", "tokens", "num_tokens", "num_computed", "prompt_len", "max_tokens",
+                 "key", "arrival", "limit", "rank", "handle", "status", "sample_step",
+                 "placeholder_step", "cache_hits", "salt", "num_draft", "drafts", "num_taken",
+                 "num_draft_cached")
 
     def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
                  key: int, arrival: int):
         self.id = id
-        self.tokens = tokens        # prompt + every generated token; survives preemption
-        self.n = len(tokens)
-        self.c = 0                  # positions whose K/V are computed
-        self.prompt_len = self.n
+        self.tokens = tokens            # prompt + every generated token; survives preemption
+        self.num_tokens = len(tokens)   # len(tokens), kept as an int for the hot loops
+        self.num_computed = 0           # positions whose K/V are computed
+        self.prompt_len = self.num_tokens
         self.max_tokens = max_tokens
-        self.limit = min(self.n + max_tokens, max_model_len)  # n at which it ends (LENGTH)
+        # num_tokens at which it ends (LENGTH)
+        self.limit = min(self.num_tokens + max_tokens, max_model_len)
         self.key = key
         self.arrival = arrival
         self.rank = (-key, arrival, id)  # ascending rank tuple = descending rank
-        self.handle = None          # the waiting heap's handle while waiting
-        self.running = False
-        self.sample_at = -1         # the step whose output may carry this request's token
-        self.ahead = -1             # the step whose token is tokens[-1], a placeholder till settled
-        self.cache_hits = True      # admission may skip positions the prefix cache holds
-        self.salt: str | None = None  # its prefix cache blocks are shared only within a salt
-        self.k = 0                  # drafts it may get in a step (0: never speculated for)
-        self.drafts: list[int] = []  # the last schedule's drafts for it
-        self.taken = 0              # tokens it took in the last on_step (with drafts: 1..k+1)
-        self.seen = 0               # positions the draft model holds KV for (draft_model)
+        self.handle = None              # the waiting heap's handle while waiting
+        self.status = ReqStatus.WAITING
+        self.sample_step: int | None = None       # the step whose output may carry its token
+        self.placeholder_step: int | None = None  # the step whose token is tokens[-1], a
+        #                                           placeholder until settled
+        self.cache_hits = True          # admission may skip positions the prefix cache holds
+        self.salt: str | None = None    # its prefix cache blocks are shared only within a salt
+        self.num_draft = 0              # drafts it may get in a step (0: never speculated for)
+        self.drafts: list[int] = []     # the last schedule's drafts for it
+        self.num_taken = 0              # tokens it took in the last on_step (drafts: 1..k+1)
+        self.num_draft_cached = 0       # positions the draft model holds KV for (draft_model)
 
 
 _RANK = attrgetter("rank")
@@ -165,7 +177,7 @@ class Scheduler:
                  self._key(req.priority, self._steps), self._steps)
         r.cache_hits = bool(req.cache_hits)
         r.salt = req.cache_salt
-        r.k = cfg.num_draft if req.speculative is True else 0
+        r.num_draft = cfg.num_draft if req.speculative is True else 0
         self._reqs[seq_id] = r
         r.handle = self._waiting.push(r.rank, r)
         return seq_id
@@ -179,13 +191,14 @@ class Scheduler:
             return
         if r is None:
             return
-        if r.running:
+        if r.status is ReqStatus.RUNNING:
             self._running.remove(r)
             self._release(r)
         else:
             self._waiting.remove(r.handle)
             r.handle = None
-        r.sample_at = -1
+        r.sample_step = None
+        r.status = ReqStatus.FINISHED
         self._finished += 1
 
     def preempt_all(self) -> list[RequestId]:
@@ -231,7 +244,7 @@ class Scheduler:
         while running and waiting:
             head = waiting.peek()
             seat = len(running) < self.cfg.max_seqs
-            if seat and -(-head.n // B) <= self.blocks.free_blocks():
+            if seat and -(-head.num_tokens // B) <= self.blocks.free_blocks():
                 return
             if head.key - running[-1].key < self._margin:
                 return
@@ -253,21 +266,21 @@ class Scheduler:
         schedule_decode = decodes.append
         # preemption pops only from the end of _running, behind the iterator
         for r in self._running:
-            d = r.n - r.c
+            d = r.num_tokens - r.num_computed
             if d == 1:
-                if r.n >= r.limit:
+                if r.num_tokens >= r.limit:
                     continue  # held: its last token is in flight (on_step_ahead)
                 if budget == 0:
                     break
                 try:
-                    append_slot(r.id, r.n)
+                    append_slot(r.id, r.num_tokens)
                 except NoCapacity:
                     if not self._make_room(r, preempted):
                         break  # r was the last running request and preempted itself
-                r.sample_at = step
+                r.sample_step = step
                 schedule_decode(r.id)
                 budget -= 1
-                if spec and r.k and budget:
+                if spec and r.num_draft and budget:
                     budget -= self._draft(r, budget, drafts)
             elif d > 1:
                 prefilling.append(r)
@@ -277,21 +290,21 @@ class Scheduler:
         """Give decode r its drafts: k more query tokens at positions n..n+k-1, their KV
         slots allocated. Drafts never preempt: they take blocks only while every running
         request keeps one free block for its own decode. Returns k (0: none)."""
-        if r.ahead >= 0:
+        if r.placeholder_step is not None:
             return 0   # its last token is a placeholder (overlapped): nothing to match
-        d = self._drafting.drafts(r.tokens, r.k, min(budget, r.limit - r.n - 1))
+        d = self._drafting.drafts(r.tokens, r.num_draft, min(budget, r.limit - r.num_tokens - 1))
         if not d:
             return 0
         blocks = self.blocks
-        need = -(-(r.n + len(d)) // blocks.block_tokens()) - len(blocks.block_table(r.id))
+        need = -(-(r.num_tokens + len(d)) // blocks.block_tokens()) - len(blocks.block_table(r.id))
         if need > 0:
             if blocks.free_blocks() - need < len(self._running):
                 return 0
             try:
-                blocks.append_slot(r.id, r.n + len(d))
+                blocks.append_slot(r.id, r.num_tokens + len(d))
             except NoCapacity:
                 return 0
-        r.drafts, r.taken = d, 0
+        r.drafts, r.num_taken = d, 0
         drafts[r.id] = d
         self._spec.append(r)
         return len(d)
@@ -307,7 +320,7 @@ class Scheduler:
             if victim is r:
                 return False
             try:
-                self.blocks.append_slot(r.id, r.n)
+                self.blocks.append_slot(r.id, r.num_tokens)
                 return True
             except NoCapacity:
                 pass
@@ -319,9 +332,9 @@ class Scheduler:
         for r in prefilling:
             if budget <= 0:
                 break
-            length = min(chunk_len(r.n - r.c, budget, alone), r.n - r.c)
+            length = min(chunk_len(r.num_tokens - r.num_computed, budget, alone), r.num_tokens - r.num_computed)
             if length > 0:
-                self._add_chunk(r, r.c, length, chunks, step)
+                self._add_chunk(r, r.num_computed, length, chunks, step)
                 budget -= length
                 alone = False
         return budget
@@ -334,7 +347,7 @@ class Scheduler:
         max_seqs = self.cfg.max_seqs
         while budget > 0 and len(running) < max_seqs and waiting:
             r = waiting.peek()
-            length = chunk_len(r.n - self._cached_prefix(r), budget, alone)
+            length = chunk_len(r.num_tokens - self._cached_prefix(r), budget, alone)
             if length <= 0:
                 return
             try:
@@ -343,13 +356,13 @@ class Scheduler:
                 return
             waiting.pop()
             r.handle = None
-            r.running = True
+            r.status = ReqStatus.RUNNING
             insort(running, r, key=_RANK)
-            r.c = min(alloc.cached_tokens, r.n - 1)  # a prefix hit skips computed positions
-            if r.c:
-                self.last_hits.append([r.id, r.c])
-            length = min(length, r.n - r.c)
-            self._add_chunk(r, r.c, length, chunks, step)
+            r.num_computed = min(alloc.cached_tokens, r.num_tokens - 1)  # a prefix hit skips computed positions
+            if r.num_computed:
+                self.last_hits.append([r.id, r.num_computed])
+            length = min(length, r.num_tokens - r.num_computed)
+            self._add_chunk(r, r.num_computed, length, chunks, step)
             budget -= length
             alone = False
 
@@ -377,9 +390,9 @@ class Scheduler:
 
     @staticmethod
     def _add_chunk(r: _Req, start: int, length: int, chunks: list, step: int) -> None:
-        last = start + length == r.n
+        last = start + length == r.num_tokens
         if last:
-            r.sample_at = step
+            r.sample_step = step
         chunks.append((r, Chunk(r.id, start, length, last)))
 
     def on_step(self, outputs: Sequence[StepOutput]) -> list[TokenEvent | Finished]:
@@ -398,18 +411,18 @@ class Scheduler:
             r = get(o.id)
             if r is None:
                 continue
-            if r.sample_at == step:
-                r.sample_at = -1
-            elif not 0 < r.taken <= len(r.drafts):  # else a verified draft's next token
+            if r.sample_step == step:
+                r.sample_step = None
+            elif not 0 < r.num_taken <= len(r.drafts):  # else a verified draft's next token
                 continue
-            r.taken += 1
-            n = r.n
-            if computed is not None and n // B > r.c // B:
+            r.num_taken += 1
+            n = r.num_tokens
+            if computed is not None and n // B > r.num_computed // B:
                 computed(r.id, r.tokens, n)
-            r.c = n  # a sampling row computes every position up to the newest token
+            r.num_computed = n  # a sampling row computes every position up to the newest token
             token = o.token
             r.tokens.append(token)
-            r.n = n = n + 1
+            r.num_tokens = n = n + 1
             emit(TokenEvent(r.id, token))
             if o.stop:
                 self._finish(r, FinishReason.STOP, events)
@@ -418,7 +431,7 @@ class Scheduler:
                 self._finish(r, FinishReason.LENGTH, events)
                 finished = True
         if finished:  # one pass, not a list.remove per finished request
-            self._running = [r for r in self._running if r.running]
+            self._running = [r for r in self._running if r.status is ReqStatus.RUNNING]
         if self._spec:
             self._settle_drafts()
         return events
@@ -427,14 +440,14 @@ class Scheduler:
         """After on_step: the last schedule's speculating requests give back the slots of
         their rejected drafts (whole blocks past their length) and adapt their k."""
         for r in self._spec:
-            if r.taken:
+            if r.num_taken:
                 self.draft_tokens += len(r.drafts)
-                self.accepted_tokens += r.taken - 1
-            if r.running:
-                self.blocks.truncate(r.id, r.n)
-                if r.taken:
-                    r.k = self._drafting.adapt(r.k, len(r.drafts), r.taken - 1)
-                    r.seen = self._drafting.model_seen(r.n - r.taken, r.taken, len(r.drafts))
+                self.accepted_tokens += r.num_taken - 1
+            if r.status is ReqStatus.RUNNING:
+                self.blocks.truncate(r.id, r.num_tokens)
+                if r.num_taken:
+                    r.num_draft = self._drafting.adapt(r.num_draft, len(r.drafts), r.num_taken - 1)
+                    r.num_draft_cached = self._drafting.model_seen(r.num_tokens - r.num_taken, r.num_taken, len(r.drafts))
             r.drafts = []
         self._spec = []
 
@@ -444,9 +457,9 @@ class Scheduler:
         B = self.blocks.block_tokens()
         for r, ch in self._last_chunks:
             if not ch.last:
-                r.c += ch.length
-                if computed is not None and r.c // B > ch.start // B:
-                    computed(r.id, r.tokens, r.c)  # its full blocks become cached at once
+                r.num_computed += ch.length
+                if computed is not None and r.num_computed // B > ch.start // B:
+                    computed(r.id, r.tokens, r.num_computed)  # its full blocks become cached at once
         self._last_chunks = _NOTHING
         return computed, B
 
@@ -462,16 +475,16 @@ class Scheduler:
         get = self._reqs.get
         for j, seq_id in enumerate(ids):
             r = get(seq_id)
-            if r is None or r.sample_at != step:
+            if r is None or r.sample_step != step:
                 continue
-            r.sample_at = -1
-            n = r.n
-            if computed is not None and n // B > r.c // B:
+            r.sample_step = None
+            n = r.num_tokens
+            if computed is not None and n // B > r.num_computed // B:
                 computed(r.id, r.tokens, n)  # tokens[:n] are real: the last settle came first
-            r.c = n
+            r.num_computed = n
             r.tokens.append(-1 - j)
-            r.n = n + 1
-            r.ahead = step
+            r.num_tokens = n + 1
+            r.placeholder_step = step
 
     def settle(self, step: int, outputs: Sequence[StepOutput]) -> list[TokenEvent | Finished]:
         """The tokens of `step`, advanced by on_step_ahead: each replaces its placeholder
@@ -482,16 +495,16 @@ class Scheduler:
         finished = False
         for o in outputs:
             r = get(o.id)
-            if r is None or r.ahead != step:
+            if r is None or r.placeholder_step != step:
                 continue
-            r.ahead = -1
+            r.placeholder_step = None
             r.tokens[-1] = o.token
             events.append(TokenEvent(r.id, o.token))
             reason = (FinishReason.STOP if o.stop else
-                      FinishReason.LENGTH if r.n >= r.limit else None)
+                      FinishReason.LENGTH if r.num_tokens >= r.limit else None)
             if reason is None:
                 continue
-            if r.running:
+            if r.status is ReqStatus.RUNNING:
                 self._finish(r, reason, events)
                 finished = True
             else:   # preempted while its token was in flight: it holds no blocks
@@ -501,23 +514,23 @@ class Scheduler:
                 self._finished += 1
                 events.append(Finished(r.id, reason))
         if finished:
-            self._running = [r for r in self._running if r.running]
+            self._running = [r for r in self._running if r.status is ReqStatus.RUNNING]
         return events
 
     def rollback(self, step: int) -> None:
         """`step` was lost with its worker: its placeholders go; a restart follows."""
         for r in self._reqs.values():
-            if r.ahead == step:
-                r.ahead = -1
+            if r.placeholder_step == step:
+                r.placeholder_step = None
                 r.tokens.pop()
-                r.n -= 1
-                r.c = min(r.c, r.n - 1)
+                r.num_tokens -= 1
+                r.num_computed = min(r.num_computed, r.num_tokens - 1)
 
     # ------------------------------------------------------------------ moves
 
     def _finish(self, r: _Req, reason: FinishReason, events: list) -> None:
         """Leaves `_running` to the caller."""
-        r.running = False
+        r.status = ReqStatus.FINISHED
         self._release(r)
         del self._reqs[r.id]
         self._finished += 1
@@ -526,15 +539,15 @@ class Scheduler:
     def _to_waiting(self, r: _Req) -> None:
         """Preempt by recompute: free the blocks, keep every token, keep the arrival."""
         self._release(r)
-        r.c = 0
-        r.seen = 0   # its blocks, the draft model's KV in them included, are gone
-        r.running = False
-        r.sample_at = -1
+        r.num_computed = 0
+        r.num_draft_cached = 0   # its blocks, the draft model's KV in them included, are gone
+        r.status = ReqStatus.WAITING
+        r.sample_step = None
         r.handle = self._waiting.push(r.rank, r)
         self._preemptions += 1
 
     def _release(self, r: _Req) -> None:
-        self.blocks.release(r.id, r.tokens[:r.c])
+        self.blocks.release(r.id, r.tokens[:r.num_computed])
 
     # ------------------------------------------------------------------ queries
 
@@ -547,7 +560,7 @@ class Scheduler:
     def draft_seen(self, id: RequestId) -> int:
         """Positions of id the worker's draft model holds KV for (0 once it finished)."""
         r = self._reqs.get(id)
-        return 0 if r is None else r.seen
+        return 0 if r is None else r.num_draft_cached
 
     def prompt_len(self, id: RequestId) -> int | None:
         r = self._reqs.get(id)
@@ -574,4 +587,4 @@ class Scheduler:
         table = self.blocks.block_table
         return (self._steps, self._next_id, self._preemptions, self._finished,
                 self.blocks.free_blocks(), len(self._waiting),
-                [(r.id, r.n, r.c, table(r.id)) for r in self._running])
+                [(r.id, r.num_tokens, r.num_computed, table(r.id)) for r in self._running])

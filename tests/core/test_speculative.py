@@ -124,7 +124,7 @@ def test_tokens_equal_without_speculation(num_blocks):
     def tables_hold_no_rejected_draft(eng):
         s = eng.sched
         for r in s._running:
-            assert len(s.blocks.block_table(r.id)) <= -(-r.n // B)
+            assert len(s.blocks.block_table(r.id)) <= -(-r.num_tokens // B)
 
     spec_eng = engine(runner)
     got = run(spec_eng, reqs, each_step=tables_hold_no_rejected_draft)
