@@ -25,6 +25,8 @@ from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 from core.speculate import PENDING, kept_rows
+from core.step_commit import StepCommit, extras_of
+from core.step_driver import LocalRunner, PlanFailed, drive
 from core.table_growth import KeptTables, TableLedger
 
 
@@ -141,22 +143,6 @@ class _Live:
     output: list[int] = field(default_factory=list)
 
 
-@dataclass
-class Extras:
-    """A step's per-row logprobs (StepResult's columns), for the events of its tokens."""
-    logprobs: dict[int, float]                       # seq_id -> chosen token's logprob
-    top: dict[int, list[list]]                       # seq_id -> [[id, logprob], ...]
-    # a decode verified with drafts: its later rows' (logprob, top), in row order
-    later: dict[int, list[tuple]] = field(default_factory=dict)
-
-    def at(self, seq_id: int, nth: int) -> tuple[float, list | None]:
-        """The logprob and alternatives of seq_id's nth token of the step."""
-        if nth == 0:
-            return self.logprobs.get(seq_id, float("nan")), self.top.get(seq_id)
-        rows = self.later.get(seq_id, ())
-        return rows[nth - 1] if nth <= len(rows) else (float("nan"), None)
-
-
 class Engine:
     overlap = False   # core/overlap.py's OverlapEngine plans a step while the last one runs
 
@@ -180,12 +166,9 @@ class Engine:
         self._tables = KeptTables()
         self._firsts = FirstSamples()
         self._stop_ids: dict[int, frozenset[int]] = {}
-        self.finished_metrics: dict[int, dict] = {}   # the last committed step's finishes
-        self.extras: Extras | None = None               # the last committed step's logprobs
         self.prompt_lp = PromptLogprobs()
         self._spans: list = []                          # the planned step's prompt positions
-        self.prompt_out: list = []   # the last committed step's prompt logprobs (deliveries)
-        self.accepted: list[list[int]] = []   # the last committed step's [[id, drafts kept]]
+        self._local: LocalRunner | None = None          # offline: `runner` as a step runner
 
     def busy(self) -> bool:
         """Some request is unfinished (or, overlapped, a step is in flight)."""
@@ -278,35 +261,34 @@ class Engine:
             self.prompt_lp.fill(batch, self._spans, self.sched.tokens)
         return batch
 
-    def commit(self, tokens, result=None) -> list:
-        """Apply the worker's tokens for the planned step; returns the scheduler's events.
-        `result`: the worker's StepResult, whose logprobs go to `extras`.
+    def commit(self, tokens, result=None) -> StepCommit:
+        """Apply the worker's tokens for the planned step; returns all the step produced
+        (the scheduler's events, finished requests' metrics, logprobs from `result`, the
+        worker's StepResult).
 
         tokens=None abandons the step (its worker died): no outputs; the restart that
         follows preempts every running request, which then recomputes."""
         out, step, t0 = self._planned
         self._planned = None
-        self.finished_metrics = {}
         abandoned = tokens is None
         ids = sampled_ids(out) if not abandoned else []
         tokens = tokens if not abandoned else []
         if len(ids) != len(tokens):
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
-        self.extras = (_extras(ids, result, self._sampling)
-                       if result is not None and len(result.logprobs) else None)
-        self.prompt_out = self._deliver(self._spans, None if abandoned else result)
+        done = StepCommit(extras=extras_of(ids, result, self._sampling),
+                          prompt_logprobs=self._deliver(self._spans,
+                                                        None if abandoned else result))
         outputs, outs = self._outputs(ids, tokens)
-        self.accepted = []
         if out.drafts and result is not None and len(result.drafts):
             _fill_drafts(out.drafts, list(result.drafts))
         if out.drafts and outputs:
-            outputs = self._verify(out.drafts, outputs)
-        events = self.sched.on_step(outputs)
+            outputs, done.accepted = self._verify(out.drafts, outputs)
+        done.events = self.sched.on_step(outputs)
         if abandoned:
             self._forget_cache()
-        self._record(step, out, outs, t0)
-        self._finish(events, step)
-        return events
+        self._record(step, out, outs, t0, done)
+        done.finished = self._finish(done.events, step)
+        return done
 
     def fill_drafts(self, logged: list) -> None:
         """Replay: the planned step's drafts the worker's draft model proposed, from the
@@ -325,15 +307,14 @@ class Engine:
         """The worker died: what it was given is lost (a restart follows)."""
         self.commit(None)
 
-    def step(self) -> list:
-        batch = self.plan()
-        if not batch.num_seqs:
-            return self.commit([])
-        run = getattr(self.runner, "run", None)   # test runners may only have execute
-        if run is None:
-            return self.commit(self.runner.execute(batch))
-        result = run(batch)
-        return self.commit(result.tokens, result)
+    def step(self) -> StepCommit:
+        """One step on the in-process runner (core/step_driver.py drives it)."""
+        if self._local is None or self._local.model is not self.runner:
+            self._local = LocalRunner(self.runner)
+        try:
+            return drive(self, self._local)
+        except PlanFailed as e:   # offline, a batch that cannot be built is the caller's
+            raise e.cause
 
     def run(self, max_steps: int | None = None) -> dict[int, list[int]]:
         """Step until nothing is unfinished; the generated tokens of each finished request."""
@@ -341,17 +322,11 @@ class Engine:
         n = 0
         while self.busy() and (max_steps is None or n < max_steps):
             outs = {seq_id: live.output for seq_id, live in self.live.items()}
-            for ev in self.step():
+            for ev in self.step().events:
                 if isinstance(ev, Finished):
                     done[ev.id] = outs.get(ev.id, [])
             n += 1
         return done
-
-    def take_prompt_logprobs(self) -> list:
-        """The last committed step's prompt logprobs, once: [[seq_id, first position,
-        entries], ...] (core/prompt_logprobs.py)."""
-        out, self.prompt_out = self.prompt_out, []
-        return out
 
     # ---- internals
 
@@ -380,10 +355,11 @@ class Engine:
                 live.clock.preemptions += 1
 
     def _record(self, step: int, out: ScheduleOutput, outs: list, t0: float,
-                hits=None) -> None:
-        """outs: [id, token, stop] per sampled row; `hits`: the step's prefix-cache hits
-        (default: the last plan's)."""
-        doc = schedule_json(out, self.last_hits if hits is None else hits, self.accepted)
+                done: StepCommit, hits=None) -> None:
+        """outs: [id, token, stop] per sampled row; `done`: the step's products so far
+        (its accepted drafts and prompt logprobs are logged); `hits`: the step's
+        prefix-cache hits (default: the last plan's)."""
+        doc = schedule_json(out, self.last_hits if hits is None else hits, done.accepted)
         snapshot = self.sched.snapshot()
         if self._ledger is not None:   # tables as lengths and appends (core/table_growth.py)
             *counters, running = snapshot
@@ -392,7 +368,7 @@ class Engine:
         if summary is not None:   # the cache's state too (absent without one: old hashes hold)
             snapshot = (*snapshot, summary())
         self.last_hash = state_hash(self.last_hash, snapshot, doc, outs)
-        for seq_id, first, entries in self.prompt_out:   # committed with the step
+        for seq_id, first, entries in done.prompt_logprobs:   # committed with the step
             self.log.prompt_logprobs(PromptLogprobsRecord(step, seq_id, first, entries))
         st = self.sched.stats()
         ms = (time.perf_counter() - t0) * 1e3
@@ -401,15 +377,15 @@ class Engine:
         self.log.step(StepRecord(step, time.time(), ms, doc, outs, st.free_blocks, st.running,
                                  st.waiting, self.last_hash))
 
-    def _verify(self, drafts: dict, outputs: list[StepOutput]) -> list[StepOutput]:
-        """The outputs each decode with drafts keeps (core/speculate.py); counts its drafts
-        (its metrics)."""
-        kept, self.accepted = kept_rows(drafts, outputs, _ID, _TOKEN, _STOP)
-        for seq_id, n in self.accepted:
+    def _verify(self, drafts: dict, outputs: list[StepOutput]) -> tuple[list, list]:
+        """The outputs each decode with drafts keeps (core/speculate.py) and [[id, drafts
+        kept], ...]; counts its drafts (its metrics)."""
+        kept, accepted = kept_rows(drafts, outputs, _ID, _TOKEN, _STOP)
+        for seq_id, n in accepted:
             live = self.live.get(seq_id)
             if live is not None:
                 live.clock.drafted(len(drafts[seq_id]), n)
-        return kept
+        return kept, accepted
 
     def _pop(self, seq_id: int) -> _Live | None:
         self._sampling.pop(seq_id, None)
@@ -423,7 +399,10 @@ class Engine:
         flags = [t in stops(i, ()) for i, t in zip(ids, tokens)]
         return list(map(StepOutput, ids, tokens, flags)), list(zip(ids, tokens, flags))
 
-    def _finish(self, events: list, step: int) -> None:
+    def _finish(self, events: list, step: int) -> dict[int, dict]:
+        """Outputs grow by the step's tokens; finished requests are logged and forgotten.
+        Returns each finished request's metrics."""
+        figures = {}
         live_of = self.live.get
         for ev in events:
             if type(ev) is TokenEvent:
@@ -434,28 +413,8 @@ class Engine:
                 live = self._pop(ev.id)
                 if live is not None:
                     self.log.finish(ev.id, step, ev.reason.value, live.output)
-                    self.finished_metrics[ev.id] = self._figures(ev.id, live)
+                    figures[ev.id] = self._figures(ev.id, live)
+        return figures
 
 
 _ID, _TOKEN, _STOP = attrgetter("id"), attrgetter("token"), attrgetter("stop")
-
-
-def _extras(ids: list[int], result, sampling: dict) -> Extras:
-    """StepResult's logprob columns (see core/ipc/protocol.py) keyed by request id: the
-    rows that asked (a number, not NaN) each have their request's `logprobs` alternatives;
-    a request's later rows (drafts verified) go to `later`."""
-    lps, top, later, at = {}, {}, {}, 0
-    tids, tlps = result.top_ids, result.top_logprobs
-    for seq_id, lp in zip(ids, result.logprobs):
-        if lp != lp:
-            continue
-        k = getattr(sampling.get(seq_id), "logprobs", 0) or 0
-        if at + k > len(tids):
-            raise ValueError("the worker returned fewer top logprobs than the batch asked")
-        alts = [[tids[i], tlps[i]] for i in range(at, at + k)]
-        if seq_id in lps:
-            later.setdefault(seq_id, []).append((lp, alts))
-        else:
-            lps[seq_id], top[seq_id] = lp, alts
-        at += k
-    return Extras(lps, top, later)

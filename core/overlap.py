@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.batch import fill_ahead, sampled_ids
-from core.engine import Engine, _extras
+from core.batch import sampled_ids
+from core.engine import Engine
 from core.ipc.protocol import ForwardBatch
 from core.sched import ScheduleOutput
+from core.step_commit import StepCommit, extras_of
 
 ABANDON = "abandon"   # the input logged when a planned step is dropped without launching
 
@@ -40,8 +41,6 @@ class OverlapEngine(Engine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.inflight: InFlight | None = None
-        self._batch: ForwardBatch | None = None   # offline: the launched step's batch
-        self._prev: tuple[int, object] = (-1, None)  # offline: the last step's (step, tokens)
         self._gone: list[int] = []   # ended requests whose sampling a row in flight may need
 
     def busy(self) -> bool:
@@ -53,20 +52,17 @@ class OverlapEngine(Engine):
             batch.prev_step = self.inflight.step
         return batch
 
-    def launch(self) -> list:
+    def launch(self) -> StepCommit:
         """The planned step goes to the worker. One with nothing to run commits at once
         (its events, none of them tokens); else it is in flight and settles later."""
         out, step, t0 = self._planned
-        if not out.decode and not out.prefill:   # no rows, so no events: the settled
-            kept = self.extras, self.finished_metrics, self.prompt_out   # the settled
-            events = self.commit([])                    # step's logprobs and figures stay
-            self.extras, self.finished_metrics, self.prompt_out = kept
-            return events
+        if not out.decode and not out.prefill:
+            return self.commit([])
         self._planned = None
         ids = sampled_ids(out)
         self.sched.on_step_ahead(ids)
         self.inflight = InFlight(out, step, t0, ids, self.last_hits, self._spans)
-        return []
+        return StepCommit()
 
     def abandon(self) -> None:
         """Drop the planned step without launching it (its batch failed to build, or the
@@ -81,30 +77,28 @@ class OverlapEngine(Engine):
         if self._planned is not None:
             self.abandon()
 
-    def settle(self, tokens, result=None) -> list:
+    def settle(self, tokens, result=None) -> StepCommit:
         """The in-flight step's tokens (None: it was lost with its worker, and its
-        placeholders are rolled back); logs the step, returns the scheduler's events."""
+        placeholders are rolled back); logs the step, returns what it produced."""
         f, self.inflight = self.inflight, None
         gone, self._gone = self._gone, []
         ids, outs = f.ids, []
-        self.finished_metrics = {}
+        done = StepCommit()
         if tokens is None:
             self.sched.rollback(f.step)
             self._forget_cache()
-            events, self.extras, self.prompt_out = [], None, []
         else:
             if len(ids) != len(tokens):
                 raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
-            self.extras = (_extras(ids, result, self._sampling)
-                           if result is not None and len(result.logprobs) else None)
-            self.prompt_out = self._deliver(f.spans, result)
+            done.extras = extras_of(ids, result, self._sampling)
+            done.prompt_logprobs = self._deliver(f.spans, result)
             outputs, outs = self._outputs(ids, tokens)
-            events = self.sched.settle(f.step, outputs)
-        self._record(f.step, f.out, outs, f.t0, f.hits)
-        self._finish(events, f.step)
+            done.events = self.sched.settle(f.step, outputs)
+        self._record(f.step, f.out, outs, f.t0, done, f.hits)
+        done.finished = self._finish(done.events, f.step)
         for seq_id in gone:
             self._sampling.pop(seq_id, None)
-        return events
+        return done
 
     def _pop(self, seq_id: int):
         """As Engine's, but the request's sampling stays until the step in flight (and,
@@ -114,31 +108,3 @@ class OverlapEngine(Engine):
         self._stop_ids.pop(seq_id, None)
         self.prompt_lp.drop(seq_id)
         return self.live.pop(seq_id, None)
-
-    # ---- offline: the in-process runner runs a step when the next one was planned
-
-    def step(self) -> list:
-        batch = self.plan()
-        events = []
-        if self.inflight is not None:
-            result = self._run(self._batch)
-            events = self.settle(result.tokens, result)
-        events += self.launch()
-        self._batch = batch if self.inflight is not None else None
-        return events
-
-    def _run(self, batch: ForwardBatch):
-        step, tokens = self._prev
-        fill_ahead(batch, step, tokens)
-        run = getattr(self.runner, "run", None)
-        result = run(batch) if run is not None else _Tokens(self.runner.execute(batch))
-        self._prev = (batch.step, result.tokens)
-        return result
-
-
-class _Tokens:
-    """A test runner's bare tokens as a StepResult (no logprobs)."""
-    logprobs = ()
-
-    def __init__(self, tokens):
-        self.tokens = tokens

@@ -21,6 +21,8 @@ from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, H
                            I32, JoinRefused, ProtocolError, Rejected, StatsQuery, StepEvents,
                            StepResult, StopRequest, WorkerReady)
 from core.prompt_logprobs import parts
+from core.step_commit import StepCommit
+from core.step_driver import PlanFailed, drive
 from core.step_events import step_messages
 from core.steplog import StepLog
 from core.worker_link import WorkerDied, WorkerLink, WorkerLost
@@ -242,44 +244,16 @@ class CoreLoop:
             self.drop(seq_id, Rejected(fid=0, code=503, message=why))
 
     def step(self) -> None:
-        if self.engine.overlap:
-            self.step_overlapped()
-            return
+        """One step through the one driver (core/step_driver.py) on the worker process."""
         try:
-            batch = self.engine.plan()
-        except Exception as e:  # a bug must fail the step's requests, not the engine
-            self.fail_step(e)
-            return
-        try:
-            result = self.forward(batch) if batch.num_seqs else None
+            done = drive(self.engine, self)   # this loop is the remote runner: submit, collect
+        except PlanFailed as e:
+            self.publish(e.settled)
+            self.fail_step(e.cause)
         except WorkerDied as e:
             self.replace_worker(str(e))
-            return
-        self.publish(self.engine.commit(result.tokens if result else [], result))
-
-    def step_overlapped(self) -> None:
-        """Plan step N+1 while the worker runs N and send it at once, so that it waits in
-        the worker's queue; then wait for N's tokens, settle N and launch N+1
-        (docs/DESIGN.md, "Overlapped scheduling")."""
-        eng = self.engine
-        failed = None
-        try:
-            batch = eng.plan()
-        except Exception as e:  # a bug must fail the step's requests, not the engine
-            batch, failed = None, e
-        if batch is not None and batch.num_seqs:
-            self.worker.send(batch)
-        if eng.inflight is not None:
-            try:
-                result = self.wait_result(eng.inflight.step, len(eng.inflight.ids))
-            except WorkerDied as e:
-                self.replace_worker(str(e))
-                return
-            self.publish(eng.settle(result.tokens, result))
-        if failed is not None:
-            self.fail_step(failed)
         else:
-            self.publish(eng.launch())
+            self.publish(done)
 
     def fail_step(self, e: Exception) -> None:
         """The planned step could not be built: abandon it and fail the requests in it
@@ -302,12 +276,12 @@ class CoreLoop:
                 reply.fid = fid
                 self.send(reply)
 
-    def forward(self, batch) -> StepResult:
-        """The worker's result for `batch`; WorkerDied if it dies or hangs meanwhile."""
+    def submit(self, batch) -> None:
+        """The step runner's half that hands a step to the worker (core/step_driver.py)."""
         self.worker.send(batch)
-        return self.wait_result(batch.step, len(batch.sample_rows))
 
-    def wait_result(self, step: int, rows: int) -> StepResult:
+    def collect(self, step: int, rows: int) -> StepResult:
+        """The worker's result for `step`; WorkerDied if it dies or hangs meanwhile."""
         return self.worker.result(step, rows, self._while_stepping)
 
     def _while_stepping(self, frontend_readable: bool) -> None:
@@ -323,22 +297,20 @@ class CoreLoop:
             return "prompt" if -(-(prompt_len + 1) // per_block) > e.total else "max_tokens"
         return e.param
 
-    def publish(self, events: list) -> None:
-        figures = self.engine.finished_metrics
-        for part in self._prompt_logprobs():   # ahead of the tokens, whose delta takes them
+    def publish(self, done: StepCommit) -> None:
+        for part in self._prompt_logprobs(done):   # ahead of the tokens, whose delta takes them
             self.send(StepEvents(fids=I32(), tokens=I32(), finished=[], prompt_logprobs=part))
-        messages, ended = step_messages(events, self.fid_of, self.engine.extras, figures)
+        messages, ended = step_messages(done.events, self.fid_of, done.extras, done.finished)
         for seq_id in ended:
             del self.seq_of[self.fid_of.pop(seq_id)]
-        figures.clear()
         for msg in messages:
             self.send(msg)
 
-    def _prompt_logprobs(self) -> list[list]:
+    def _prompt_logprobs(self, done: StepCommit) -> list[list]:
         """The step's prompt logprobs by fid (read before the step's finishes forget
         their fids), in messages of bounded size (core/prompt_logprobs.py, `parts`)."""
         out = []
-        for seq_id, first, entries in self.engine.take_prompt_logprobs():
+        for seq_id, first, entries in done.prompt_logprobs:
             fid = self.fid_of.get(seq_id)
             if fid is not None:
                 out.append([fid, first, entries])

@@ -53,8 +53,8 @@ class Ahead:
             if div is not None:
                 return div
             self.prev = (row.step, logged)
-        self.engine.settle(logged, result)
+        done = self.engine.settle(logged, result)
         div = None
         if self.runner is not None:
-            div = check_prompt_logprobs(self.engine, row.step, self.prompt.get(row.step, {}))
+            div = check_prompt_logprobs(done, row.step, self.prompt.get(row.step, {}))
         return div or check_hash(self.engine, row)

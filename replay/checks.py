@@ -63,10 +63,10 @@ def check_tokens(batch, logged, row: StepRecord, runner):
     return None, result
 
 
-def check_prompt_logprobs(engine, step: int, logged: dict) -> Divergence | None:
-    """The step's prompt logprobs (engine.prompt_out, from the re-run) against the log's
+def check_prompt_logprobs(done, step: int, logged: dict) -> Divergence | None:
+    """The step's prompt logprobs (its StepCommit's, from the re-run) against the log's
     (LogFile.prompt_logprobs()[step]), bit for bit."""
-    got = {seq_id: (first, entries) for seq_id, first, entries in engine.prompt_out}
+    got = {seq_id: (first, entries) for seq_id, first, entries in done.prompt_logprobs}
     if got == logged:
         return None
     diffs = []
@@ -102,7 +102,7 @@ def check_step(engine, row: StepRecord, runner, prompt: dict) -> Divergence | No
         div, result = check_tokens(batch, logged, row, runner)
     if div is not None:
         return div
-    engine.commit(logged, result)
+    done = engine.commit(logged, result)
     if runner is not None:
-        div = check_prompt_logprobs(engine, row.step, prompt.get(row.step, {}))
+        div = check_prompt_logprobs(done, row.step, prompt.get(row.step, {}))
     return div or check_hash(engine, row)

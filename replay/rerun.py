@@ -59,7 +59,7 @@ def rerun(log: LogFile, seq_id: int, runner) -> Rerun:
                          f" configured as the log's refuses it ({e})") from None
     again = []
     while engine.sched.has_unfinished():
-        again += [ev.token for ev in engine.step() if isinstance(ev, TokenEvent)]
+        again += [ev.token for ev in engine.step().events if isinstance(ev, TokenEvent)]
     return Rerun(logged, again)
 
 

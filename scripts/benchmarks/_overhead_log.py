@@ -159,7 +159,7 @@ def _replay_step(engine, row, runner, full: bool, out: Replayed, _ahead) -> None
         tokens = list(runner.execute(fb))
         out.mismatches += tokens != logged
     t2 = time.perf_counter()
-    events = engine.commit(logged)
+    events = engine.commit(logged).events
     t3 = time.perf_counter()
     if full:
         out.engine_ms.append(((t1 - t0) + (t3 - t2)) * 1e3)
@@ -187,7 +187,7 @@ def _replay_ahead(engine, row, runner, full: bool, out: Replayed, ahead: dict) -
             forward_s = time.perf_counter() - t
             out.mismatches += tokens != logged
         ahead["prev"] = (prow.step, logged)
-        events = engine.settle(logged)
+        events = engine.settle(logged).events
     engine.launch()
     ahead["pending"] = (row, fb) if engine.inflight is not None else None
     if full:

@@ -42,7 +42,7 @@ def run(n: int, path: Path | None, checkpoint_s: float = CHECKPOINT_S) -> tuple[
     t0 = time.perf_counter()
     steps, toks = 0, 0
     while engine.busy():
-        toks += sum(1 for _ in engine.step() if type(_).__name__ == "TokenEvent")
+        toks += sum(1 for _ in engine.step().events if type(_).__name__ == "TokenEvent")
         steps += 1
     dt = time.perf_counter() - t0
     if log:

@@ -129,8 +129,9 @@ def test_logprobs_stay_in_place_when_a_request_ends_with_its_row_in_flight(end):
     while eng.busy():
         if end == "abort" and eng.inflight is not None and eng.step_no == 4:
             eng.abort(a)
-        events = eng.step()
-        tops += [(ev.token, eng.extras.top[b]) for ev in events
+        done = eng.step()
+        events = done.events
+        tops += [(ev.token, done.extras.top[b]) for ev in events
                  if isinstance(ev, TokenEvent) and ev.id == b]
     assert len(tops) == 6
     assert all(len(top) == 3 and top[0][0] == tok for tok, top in tops)
@@ -161,7 +162,7 @@ def test_abort_with_its_step_in_flight(tmp_path):
     assert eng.inflight is not None and a in eng.inflight.ids
     before = len(eng.live[a].output)
     assert eng.abort(a)
-    events = eng.step()   # settles the step that sampled `a`: its token is dropped
+    events = eng.step().events   # settles the step that sampled `a`: its token is dropped
     assert all(ev.id != a for ev in events)
     assert eng.sched.tokens(a) is None
     out = eng.run()
@@ -185,16 +186,18 @@ def test_a_lost_worker_with_a_step_in_flight_loses_no_request(tmp_path, settled)
     done: dict[int, list[int]] = {}
     for _ in range(5):
         _collect(eng, eng.step, done)
+    local = eng._local      # the in-process runner the offline steps ran on
     if settled:
-        eng.plan()
-        batch = eng._batch
-        _collect(eng, lambda: eng.settle(*_tokens(eng, batch)), done)
+        eng.plan()          # planned, never submitted: lost with the worker once launched
+        f = eng.inflight
+        result = local.collect(f.step, len(f.ids))
+        _collect(eng, lambda: eng.settle(result.tokens, result), done)
         eng.launch()
     eng.plan()          # the next step is planned; the one in flight is lost
     eng.settle(None)
     eng.abandon()
     eng.restart()
-    eng._prev = (-1, None)   # a new worker remembers no tokens
+    local.lose()        # a new worker: nothing queued, no tokens remembered
     assert eng.inflight is None
     while eng.busy():
         _collect(eng, eng.step, done)
@@ -203,15 +206,10 @@ def test_a_lost_worker_with_a_step_in_flight_loses_no_request(tmp_path, settled)
     assert verify(LogFile(str(path))).ok
 
 
-def _tokens(eng, batch):
-    result = eng._run(batch)
-    return result.tokens, result
-
-
 def _collect(eng, act, done):
     """act() and the outputs of the requests it finished."""
     outs = {i: live.output for i, live in eng.live.items()}
-    for ev in act():
+    for ev in act().events:
         if isinstance(ev, Finished):
             done[ev.id] = outs[ev.id]
 

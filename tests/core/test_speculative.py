@@ -72,7 +72,7 @@ def run(eng, reqs, ignore_eos=True, each_step=None) -> dict:
     ids = [eng.add(Request(p, n), sp, ignore_eos=ignore_eos) for p, n, sp in reqs]
     out: dict[int, list[int]] = {i: [] for i in ids}
     while eng.busy():
-        for ev in eng.step():
+        for ev in eng.step().events:
             if isinstance(ev, TokenEvent):
                 out[ev.id].append(ev.token)
         if each_step is not None:
@@ -199,12 +199,10 @@ def test_an_abort_with_drafts_in_flight_frees_its_blocks():
     assert eng.abort(victim)
     eng.commit(runner.execute(batch))
     outs = {i: list(eng.live[i].output) for i in ids if i in eng.live}
-    for ev in iter(eng.step, None):
-        for e in ev:
+    while eng.busy():
+        for e in eng.step().events:
             if isinstance(e, TokenEvent):
                 outs[e.id].append(e.token)
-        if not eng.busy():
-            break
     assert eng.sched.stats().free_blocks == 64
     assert outs == {i: plain[i] for i in ids if i != victim}
 

@@ -82,10 +82,11 @@ def generate(runner, reqs, *, num_blocks=None, max_chunk=512, max_batch_tokens=5
     ids = [eng.add(Request(list(p), n), sp, ignore_eos=True) for p, n, sp in reqs]
     got: dict[int, tuple[list, list]] = {i: ([], []) for i in ids}
     while sched.has_unfinished():
-        for ev in eng.step():
+        done = eng.step()
+        for ev in done.events:
             if isinstance(ev, TokenEvent):
                 got[ev.id][0].append(ev.token)
-                got[ev.id][1].append(eng.extras.logprobs[ev.id])
+                got[ev.id][1].append(done.extras.logprobs[ev.id])
     return [got[i] for i in ids], (sched.stats().preemptions,
                                    getattr(pool, "prefix_hit_tokens", 0))
 

@@ -28,7 +28,7 @@ def generate(eng: Engine, batch: list[list[int]], n: int) -> tuple[list[list[int
     done = {}
     while eng.sched.has_unfinished():
         outs = {i: live.output for i, live in eng.live.items()}
-        for ev in eng.step():
+        for ev in eng.step().events:
             if type(ev).__name__ == "Finished":
                 done[ev.id] = outs[ev.id]
         for i, c in eng.last_hits:

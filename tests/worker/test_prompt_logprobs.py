@@ -64,8 +64,7 @@ def collect(eng, reqs, top=TOP) -> dict[int, dict[int, list]]:
            for p, n in reqs]
     got: dict[int, dict[int, list]] = {i: {} for i in ids}
     while eng.busy():
-        eng.step()
-        for seq_id, first, entries in eng.take_prompt_logprobs():
+        for seq_id, first, entries in eng.step().prompt_logprobs:
             for k, e in enumerate(entries if seq_id in got else ()):
                 assert first + k not in got[seq_id], f"position {first + k} sent twice"
                 got[seq_id][first + k] = e
@@ -173,8 +172,7 @@ def test_preempted_mid_prompt_recomputes_without_resending(overlap):
     eng.sched.schedule = schedule
     ids = eng.add(Request(b, 2), SamplingParams(prompt_logprobs=TOP), ignore_eos=True)
     while eng.busy():
-        eng.step()
-        for seq_id, first, entries in eng.take_prompt_logprobs():
+        for seq_id, first, entries in eng.step().prompt_logprobs:
             assert seq_id == ids
             got_so_far.extend(range(first, first + len(entries)))
             values.update(zip(range(first, first + len(entries)), entries))

@@ -55,10 +55,11 @@ def generate(runner, reqs, num_draft: int, num_blocks: int, max_batch_tokens: in
     got: dict[int, list] = {i: [] for i in ids}
     while eng.busy():
         nth: dict[int, int] = {}
-        for ev in eng.step():
+        done = eng.step()
+        for ev in done.events:
             if isinstance(ev, TokenEvent):
                 k = nth[ev.id] = nth.get(ev.id, -1) + 1
-                lp, top = eng.extras.at(ev.id, k)
+                lp, top = done.extras.at(ev.id, k)
                 got[ev.id].append((ev.token, lp, top))
     st = eng.sched.stats()
     return [got[i] for i in ids], st, eng.sched

@@ -56,7 +56,7 @@ def run(runner, reqs, *, overlap=False, num_blocks=128, max_seqs=16):
     reasons, out = {}, {}
     while eng.busy():
         outs = {i: live.output for i, live in eng.live.items()}
-        for ev in eng.step():
+        for ev in eng.step().events:
             if isinstance(ev, Finished):
                 reasons[ev.id], out[ev.id] = ev.reason.value, outs.get(ev.id, [])
     return [(out[i], reasons[i]) for i in ids], eng
