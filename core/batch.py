@@ -19,7 +19,7 @@ GREEDY = SamplingParams()
 
 def slots(tables: Sequence[Sequence[int]], positions: Sequence[int], block_size: int) -> list[int]:
     """The KV slot of each position p, tables[i] being the block table of positions[i]'s
-    sequence: T[p // block_size] * block_size + p % block_size (docs/DESIGN.md, "Paged KV
+    sequence: T[p // block_size] * block_size + p % block_size (docs/design/worker.md, "Paged KV
     layout"; worker/step.py's `seq_slots` is the same formula on tensors)."""
     bs = block_size
     return [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)]
@@ -142,7 +142,7 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
                 firsts: FirstSamples | None = None) -> ForwardBatch:
     """Decodes first (one query token at position n-1), then the decodes with drafts
     (out.drafts: k drafts query positions n-1..n+k-1 and sample all k+1 rows), then
-    prefill chunks in order (docs/DESIGN.md, "Speculative decoding").
+    prefill chunks in order (docs/design/scheduler.md, "Speculative decoding").
 
     A decode and a chunk with `last` sample; the sampled token is the request's k-th
     generated token, k = len(tokens) - prompt_len (what stateless seeding keys on), plus i

@@ -47,7 +47,7 @@ class BlockSpace(Protocol):
 @runtime_checkable
 class PrefixHooks(Protocol):
     """Optional extras of a BlockSpace that caches prefixes (core/prefix_cache.py); the
-    scheduler uses them when its BlockSpace has them all (docs/DESIGN.md#prefix-cache)."""
+    scheduler uses them when its BlockSpace has them all (docs/design/scheduler.md#prefix-cache)."""
 
     def allocate(self, id: Hashable, tokens: Sequence[int], priority: int = 0,
                  lookup: bool = True, salt: str | None = None) -> Allocation:

@@ -54,7 +54,8 @@ class CoreConfig:
     join: str | None = None    # a frontend's --replica-address (core/frontend_link.py)
     curve: str | None = None   # with join: the key directory (core/ipc/curve.py)
     overlap: bool = True      # plan step N+1 while the worker runs N (core/overlap.py)
-    speculative: str | None = None   # "ngram" | "draft:MODEL": speculative decoding (docs/DESIGN.md)
+    speculative: str | None = None   # "ngram" | "draft:MODEL": speculative decoding
+    # (docs/design/scheduler.md, "Speculative decoding")
     num_draft: int = 4               # the most drafts per request and step
     spec_max_batch: int = 8          # a step speculates with at most this many running
 
@@ -240,7 +241,8 @@ def build_engine(sched_config: SchedulerConfig, prefill: str, max_chunk: int, bl
     pool = (PrefixCacheBlocks if prefix_cache else FreeListBlocks)(block_size, range(num_blocks))
     sched = Scheduler(sched_config, pool, policy)
     if sched_config.num_draft and overlap:
-        raise ValueError("speculative decoding runs without overlap (docs/DESIGN.md)")
+        raise ValueError("speculative decoding runs without overlap"
+                         " (docs/design/scheduler.md#speculative-decoding)")
     from core.overlap import OverlapEngine   # it subclasses Engine, which this module imports
     return (OverlapEngine if overlap else Engine)(sched, runner, eos_ids=eos_ids, seed=seed,
                                                    log=log, log_format=log_format)

@@ -91,7 +91,7 @@ def schedule_json(out: ScheduleOutput, hits=(), accepted=()) -> dict:
 def speculative(sampling: SamplingParams) -> bool:
     """Whether a request may be verified with drafts: not when it opted out, nor when a
     row's logits depend on the tokens before it in ways the drafts' rows would not see
-    (penalties, min_tokens bans, a grammar; docs/DESIGN.md, "Speculative decoding")."""
+    (penalties, min_tokens bans, a grammar; docs/design/scheduler.md, "Speculative decoding")."""
     return (sampling.speculative is True and not sampling.penalized
             and not sampling.min_tokens and sampling.constraint is None)
 

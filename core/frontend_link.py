@@ -1,4 +1,4 @@
-"""The core's link to the frontend (docs/DESIGN.md, "Joined replicas").
+"""The core's link to the frontend (docs/design/processes.md, "Joined replicas").
 
 Beside its frontend the core binds a PULL (requests in) and a PUSH (events out) that the
 frontend connects to. A replica that joins a frontend elsewhere (scripts/serve --join)

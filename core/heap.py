@@ -1,4 +1,4 @@
-"""A min-heap with handles and lazy deletion (docs/DESIGN.md#the-lazy-deletion-heap).
+"""A min-heap with handles and lazy deletion (docs/design/scheduler.md#the-lazy-deletion-heap).
 
 `remove(handle)` only marks the entry dead (O(1)); `pop` and `peek` drop dead entries as
 they surface. When dead entries outnumber live ones the heap is rebuilt, so memory stays

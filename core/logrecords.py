@@ -1,6 +1,6 @@
 """The step log's schema: one dataclass per table, its rows as records.
 
-A record's fields, in order, are its table's columns (names and order pinned, docs/DESIGN.md
+A record's fields, in order, are its table's columns (names and order pinned, docs/design/steplog.md
 "Step log columns"); a field's annotation is its column's type, and `json_column()` marks
 a value stored as JSON text. Everything else derives from the class: core/steplog.py makes
 the tables from `columns`, core/logsql.py writes a record with `insert_sql` and `values`,
@@ -106,7 +106,7 @@ class InputRecord:
 class PromptLogprobsRecord:
     """Prompt logprobs step `step` delivered to request request_id (its seq_id): its prompt
     positions first, first + 1, ..., each entry [logprob, rank, [[token id, logprob], ...]]
-    (docs/DESIGN.md, "Prompt logprobs"). Logs made before prompt logprobs existed lack this
+    (docs/design/worker.md, "Prompt logprobs"). Logs made before prompt logprobs existed lack this
     table; readers take its absence for none."""
     table: ClassVar[str] = "prompt_logprobs"
     key: ClassVar[tuple] = ("step", "request_id")

@@ -1,4 +1,4 @@
-"""The n-gram proposer (prompt lookup, docs/DESIGN.md "Speculative decoding"): the drafts
+"""The n-gram proposer (prompt lookup, docs/design/scheduler.md "Speculative decoding"): the drafts
 for a request are the tokens that followed the latest earlier occurrence of its last n
 tokens, in its prompt and output so far, n from MAX_N down to 1.
 

@@ -1,5 +1,5 @@
 """The engine with overlapped scheduling: step N+1 is planned while the worker runs step N
-(docs/DESIGN.md, "Overlapped scheduling").
+(docs/design/overlap.md, "Overlapped scheduling").
 
 A step's life: `plan` (schedule, build the batch) -> `launch` (the scheduler advances it
 with placeholder tokens; the step is now in flight) -> `settle` (its real tokens arrive,

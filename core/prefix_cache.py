@@ -1,5 +1,5 @@
 """A BlockSpace that shares full blocks by content: the scheduler half of prefix caching
-(docs/DESIGN.md#prefix-cache). Pure Python; every choice is a function of the calls made,
+(docs/design/scheduler.md#prefix-cache). Pure Python; every choice is a function of the calls made,
 so a replayed scheduler reproduces every hit, eviction and block table."""
 from __future__ import annotations
 

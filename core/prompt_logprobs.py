@@ -1,4 +1,4 @@
-"""Prompt logprobs on the core's side (docs/DESIGN.md, "Prompt logprobs"): which prompt
+"""Prompt logprobs on the core's side (docs/design/worker.md, "Prompt logprobs"): which prompt
 positions each asking request still lacks, the ForwardBatch columns that ask the worker
 for them, and the worker's answer as deliveries, each position delivered once.
 

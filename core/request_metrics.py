@@ -1,5 +1,5 @@
 """Each request's own figures, kept by the engine and sent with its finish
-(docs/DESIGN.md#request-metrics): time queued before first admission, preemptions, the
+(docs/design/worker.md#request-metrics): time queued before first admission, preemptions, the
 effective priority it was admitted with, prompt tokens served from cache.
 
 Times are the core's monotonic clock and only ever differences of it; the frontend adds

@@ -1,8 +1,8 @@
 """Continuous batching with priority, aging and preemption by recompute
-(docs/DESIGN.md#scheduler-contract).
+(docs/design/scheduler.md#scheduler-contract).
 
 Every step `schedule` re-forms the batch in three phases (decodes, prefills in progress,
-admissions; docs/DESIGN.md#the-three-phases-of-schedule); `on_step` then takes the sampled
+admissions; docs/design/scheduler.md#the-three-phases-of-schedule); `on_step` then takes the sampled
 tokens. Pure Python, no I/O: the caller runs the model between the two calls.
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ class Scheduler:
         # [[id, cached tokens], ...]: the last schedule's admissions that hit the prefix cache
         self.last_hits: list[list[int]] = []
         self._margin = self._margin_in_keys(cfg)
-        # speculative decoding (docs/DESIGN.md, "Speculative decoding")
+        # speculative decoding (docs/design/scheduler.md, "Speculative decoding")
         self._drafting = (Drafting(cfg.num_draft, cfg.spec_max_batch, cfg.draft_model)
                           if cfg.num_draft else None)
         self._spec: list[_Req] = []     # the last schedule's requests with drafts
@@ -463,13 +463,13 @@ class Scheduler:
         self._last_chunks = _NOTHING
         return computed, B
 
-    # ---------------------------------------------- overlapped scheduling (docs/DESIGN.md)
+    # ---------------------------------------------- overlapped scheduling (docs/design/overlap.md)
 
     def on_step_ahead(self, ids: Sequence[RequestId]) -> None:
         """The last schedule is running and its tokens are not known yet: advance it as
         on_step would, with the placeholder -1 - j as the token of sample row j (ids[j]).
         Nothing finishes here; a request at its limit is held (not scheduled) until `settle`
-        (docs/DESIGN.md, "Overlapped scheduling")."""
+        (docs/design/overlap.md, "Overlapped scheduling")."""
         computed, B = self._advance_chunks()
         step = self._steps - 1
         get = self._reqs.get

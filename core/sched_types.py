@@ -1,4 +1,4 @@
-"""The scheduler's pinned API types (docs/DESIGN.md#the-scheduler-api): config, requests,
+"""The scheduler's pinned API types (docs/design/scheduler.md#the-scheduler-api): config, requests,
 refusals, the plan of a step and its events. core.sched re-exports every name."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Speculative decoding's rules that are not the proposer's (docs/DESIGN.md, "Speculative
+"""Speculative decoding's rules that are not the proposer's (docs/design/scheduler.md, "Speculative
 decoding"): how many drafts a request gets, when a step speculates at all, and which of a
 verified sequence's sampled rows are its tokens. Pure Python; the scheduler and the engine
 call it, replay re-runs it."""

@@ -1,7 +1,7 @@
 """A step's scheduler events as the StepEvents messages the core pushes to the frontend.
 
 One message per step, unless speculative decoding gave a request several tokens
-(docs/DESIGN.md, "Speculative decoding"): then message i carries each request's i-th token
+(docs/design/scheduler.md, "Speculative decoding"): then message i carries each request's i-th token
 of the step, so the frontend still sees one token per request per message, and a stop
 string completed by one of them ends the request at that token (its StopRequest counts
 the tokens it has seen), never at the step's last. Finishes ride on the last message.

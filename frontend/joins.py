@@ -1,5 +1,5 @@
 """The frontend's --replica-address: engine replicas that join from elsewhere
-(scripts/serve --join), beat, and leave or fall silent (docs/DESIGN.md, "Joined replicas").
+(scripts/serve --join), beat, and leave or fall silent (docs/design/processes.md, "Joined replicas").
 
 A joining core connects a DEALER here and beats. An unknown core that beats is greeted with
 Hello in an epoch of its own (again at most every GREET_S, in the same epoch); its CoreReady

@@ -1,7 +1,7 @@
 """The frontend's link to one engine replica (a core with its worker): what its CoreReady
 said, whether it is up, and the work the frontend has given it. A LocalReplica's core runs
 beside the frontend (scripts/serve --dp); a JoinedReplica's core joined from elsewhere
-through the frontend's --replica-address (docs/DESIGN.md, "Joined replicas")."""
+through the frontend's --replica-address (docs/design/processes.md, "Joined replicas")."""
 from __future__ import annotations
 
 import logging

@@ -2,7 +2,7 @@
 torch. They need a tokenizer and a chat template, and torch serves neither; but transformers
 imports torch whenever it is installed (its config module imports the rope utilities, which
 import torch). On 2 cores that import was ~3 s of each process's start, and it held 240 MB
-of its 310 MB resident. Docs: docs/DESIGN.md, "The frontend runs without torch"."""
+of its 310 MB resident. Docs: docs/design/processes.md, "The frontend runs without torch"."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Replaying an overlapped log (docs/DESIGN.md, "Overlapped scheduling"): the core
+"""Replaying an overlapped log (docs/design/overlap.md, "Overlapped scheduling"): the core
 settled step N after planning N+1, so replay plans a row's step, then settles the row
 before it with its logged tokens, then launches the row's step (or abandons it where the
 log says the core did), in the core's order, and checks each state hash where the core

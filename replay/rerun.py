@@ -3,7 +3,7 @@
 
 On a log made with --batch-invariant (meta model_info.batch_invariant; the re-run uses the
 mode too) every token matches bit for bit: a row's logits do not depend on the batch it ran
-in (docs/DESIGN.md, "Batch-invariant mode"). Without the mode a request whose top two logits
+in (docs/design/cpu-paths.md, "Batch-invariant mode"). Without the mode a request whose top two logits
 nearly tie may differ; the first differing token is reported. The step log records tokens,
 not logprobs, so tokens are what is compared.
 """
@@ -35,7 +35,7 @@ class Rerun:
 def logged_tokens(log: LogFile, seq_id: int) -> list[int]:
     """The request's output as its finish recorded it; for one unfinished, the tokens the
     log's steps gave it, in order (an overlapped log also holds the token sampled after a
-    stop token, which its finish drops: docs/DESIGN.md, "Overlapped scheduling")."""
+    stop token, which its finish drops: docs/design/overlap.md, "Overlapped scheduling")."""
     out = log.requests[seq_id].get("output_tokens")
     if out is not None:
         return list(out)

@@ -216,7 +216,7 @@ def _schedule(doc, where: str, b: Bounds) -> dict:
     if "cached" in doc:   # prefix-cache hits of the step's admissions
         cached = rows(doc["cached"], f"{where} cached", (int, int))
         within(cached, f"{where} cached", 1, "tokens", 0, b.max_model_len)
-    if "drafts" in doc:   # decodes verified with drafts (docs/DESIGN.md, "Speculative decoding")
+    if "drafts" in doc:   # decodes verified with drafts (docs/design/scheduler.md, "Speculative decoding")
         for seq_id, drafts in rows(doc["drafts"], f"{where} drafts", (int, list)):
             # an abandoned step's draft-model drafts stay PENDING (core/speculate.py)
             b.tokens([t for t in drafts if t != PENDING], f"{where} drafts of request {seq_id}")

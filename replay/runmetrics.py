@@ -1,4 +1,4 @@
-"""A run's figures from its timeline (docs/DESIGN.md, "What-if replay"): the recorded and the
+"""A run's figures from its timeline (docs/design/whatif.md, "What-if replay"): the recorded and the
 predicted side are computed by these same functions, so that they compare like with like.
 
 Per request: queue wait = start of the step that first admitted it - arrival; TTFT = end of
@@ -58,7 +58,7 @@ def _r(v: float | None) -> float | None:
 
 
 def metrics(steps: list[Step], arrivals: dict[int, float], priorities: dict[int, int]) -> dict:
-    """The pinned shape (docs/DESIGN.md, "What-if replay"): throughput, makespan, TTFT /
+    """The pinned shape (docs/design/whatif.md, "What-if replay"): throughput, makespan, TTFT /
     TPOT / queue p50 and p99, preemptions, and per priority n, mean queue, TTFT p50."""
     done = _done(steps, arrivals)
     by_prio: dict[str, dict] = {}

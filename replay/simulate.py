@@ -1,5 +1,5 @@
 """A recorded or given traffic re-scheduled by the real scheduler (core/sched.py) under any
-configuration, in simulated time (docs/DESIGN.md, "What-if replay").
+configuration, in simulated time (docs/design/whatif.md, "What-if replay").
 
 The loop is the core's (core/process.py): between steps, every request that has arrived by
 the time the next step is planned joins the queue; with nothing unfinished the clock jumps to

@@ -1,5 +1,5 @@
 """The step-time model: how long a step takes for the work it holds, fitted by least squares
-over a log's own steps (docs/DESIGN.md, "What-if replay").
+over a log's own steps (docs/design/whatif.md, "What-if replay").
 
 A step's time from `ready` to `end` has two parts, each linear in its features:
   gap      ready -> plan: publishing the previous step's tokens, reading inputs, the loop;

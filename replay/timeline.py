@@ -1,5 +1,5 @@
 """A run as a timeline of steps in seconds: what each step did and when it started and ended
-(docs/DESIGN.md, "What-if replay"). A recorded log and a simulated run both become a list of
+(docs/design/whatif.md, "What-if replay"). A recorded log and a simulated run both become a list of
 `Step`s, so that one set of functions (replay/stepmodel.py, replay/runmetrics.py) reads both.
 """
 from __future__ import annotations

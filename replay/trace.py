@@ -1,5 +1,5 @@
 """A run's traffic: each request's arrival, prompt, length and priority, from a step log or
-from a CSV trace (docs/DESIGN.md, "What-if replay").
+from a CSV trace (docs/design/whatif.md, "What-if replay").
 
 A request's length is the number of tokens it generated in the recording; a simulation
 makes it generate exactly those tokens (so prefix-cache hits on generated tokens repeat).
@@ -36,7 +36,7 @@ class TraceRequest:
     prompt: tuple[int, ...]
     output: tuple[int, ...]  # the tokens it generates; its length is the request's length
     priority: int = 0
-    cache_hits: bool = True  # False: it asked for prompt logprobs (docs/DESIGN.md, "Prompt logprobs")
+    cache_hits: bool = True  # False: it asked for prompt logprobs (docs/design/worker.md, "Prompt logprobs")
     cache_salt: str | None = None  # shares cached blocks only within its salt (from a log)
     max_tokens: int | None = None  # the recorded limit (None: len(output), it ends by length)
     stops: bool = False      # its last token is a stop token

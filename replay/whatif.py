@@ -1,5 +1,5 @@
 """scripts/replay whatif / trace: a recorded run re-scheduled under another configuration,
-and a log's traffic as a CSV trace (docs/DESIGN.md, "What-if replay").
+and a log's traffic as a CSV trace (docs/design/whatif.md, "What-if replay").
 
 Exit codes as for every replay command: 0 done, 2 a log or trace that cannot be used (one
 line on stderr saying why: damaged, too few steps to fit, a bad CSV or configuration).

@@ -1,4 +1,4 @@
-"""The weights' digest: what a joining replica must match (docs/DESIGN.md, "Joined replicas").
+"""The weights' digest: what a joining replica must match (docs/design/processes.md, "Joined replicas").
 
 A replica's name, path and tokenizer say nothing of what its files hold: a checkpoint
 edited in place, or another one at the same path on another machine, would give other

@@ -1,7 +1,7 @@
 """A GGUF file checked before anything loads from it: readable, whole, of an architecture and
 tensor types the engine serves, its metadata's model sizes those of its tensors
 (worker/gguf_metadata.py). One line names the first problem (ValueError); nothing
-half-loaded ever serves (docs/DESIGN.md, "GGUF files")."""
+half-loaded ever serves (docs/design/worker.md, "GGUF files")."""
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,4 @@
-"""Steps through one recording of the model's forward (docs/DESIGN.md, "The decode graph").
+"""Steps through one recording of the model's forward (docs/design/cpu-paths.md, "The decode graph").
 
 A step of smol runs ~2,600 torch calls from transformers' Python, and the Python between them
 costs 6-8 ms a step whatever the batch: a fifth of a one-row decode. `torch.jit.trace`

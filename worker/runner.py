@@ -28,7 +28,7 @@ class ModelRunner:
                                           or cfg.num_attention_heads)
         self.windows = archs.windows(cfg)
         self.native = archs.plain_attention(cfg) and native.usable(kv, rep)
-        self.per_row = info.batch_invariant   # docs/DESIGN.md, "Batch-invariant mode"
+        self.per_row = info.batch_invariant   # docs/design/cpu-paths.md, "Batch-invariant mode"
         self.grammars = Grammars(info.tokenizer, info.vocab_size, info.eos_ids)
         if self.per_row:
             invariant.check_supported(model, kv, rep, info.tp)
@@ -39,7 +39,7 @@ class ModelRunner:
             fused_llama.adapt(model)
         if any(isinstance(m, QuantLinear) for m in model.modules()):
             quant_fuse.fuse(model, self.probe)   # sibling layers as one weight
-        if packed.usable(model, info.tp):   # docs/DESIGN.md, "Packed linear layers"
+        if packed.usable(model, info.tp):   # docs/design/cpu-paths.md, "Packed linear layers"
             groups = packed.siblings(model, self.probe)
             weights = packed.pack(model, groups,
                                   rows.matmul_plan if self.per_row else packed.dense_plan)

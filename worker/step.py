@@ -34,7 +34,7 @@ def build_step(batch: ForwardBatch, kv: torch.Tensor, use_native: bool = False,
                windows: tuple[int, ...] = (), per_row: bool = False) -> StepInputs:
     """`use_native`: decodes go to the C kernel (worker/native.py), which the caller checked.
     `windows`: the sliding-window sizes the model's layers ask for (worker/archs.py).
-    `per_row` (the batch-invariant mode, docs/DESIGN.md "Batch-invariant mode"): every
+    `per_row` (the batch-invariant mode, docs/design/cpu-paths.md "Batch-invariant mode"): every
     token, prefill tokens included, is a row of the C kernel over its causal context."""
     if (use_native or per_row) and windows:
         raise ValueError("the C decode kernel has no sliding window")
@@ -178,5 +178,5 @@ def _span(begin: int, end: int, context: int, table: torch.Tensor, block_size: i
 
 def seq_slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
     """The KV slots of positions of one sequence with block table `table`: the formula of
-    core.batch.slots (docs/DESIGN.md, "Paged KV layout") on tensors."""
+    core.batch.slots (docs/design/worker.md, "Paged KV layout") on tensors."""
     return table[positions // block_size] * block_size + positions % block_size

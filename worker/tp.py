@@ -32,7 +32,7 @@ from worker.threads import cores, default_threads, use_threads
 IDLE_WAIT = datetime.timedelta(days=365)
 RENDEZVOUS_WAIT = datetime.timedelta(seconds=300)
 # A rank on another machine gives up on a rendezvous sooner and is started again: the
-# rank 0 it met may be dying (docs/DESIGN.md, "Tensor parallel over machines").
+# rank 0 it met may be dying (docs/design/worker.md, "Tensor parallel over machines").
 REMOTE_WAIT = datetime.timedelta(seconds=10)
 CLOSED = "tl/closed"
 MAX_FRAME = 1 << 30

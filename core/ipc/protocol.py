@@ -2,7 +2,7 @@
 
 Sockets: client <-> frontend (ROUTER), frontend <-> core and core <-> worker (PUSH/PULL
 pairs bound by the core), and a joined replica's core <-> the frontend's --replica-address
-(DEALER -> ROUTER, docs/DESIGN.md "Joined replicas"). `encode`/`decode` and the packed arrays are re-exported here.
+(DEALER -> ROUTER, docs/design/processes.md "Joined replicas"). `encode`/`decode` and the packed arrays are re-exported here.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Constraint:
 class SamplingParams:
     """How a request's tokens are drawn; logged with the request (replay rebuilds them).
     Penalties and min_tokens are functions of the request's tokens so far and these
-    fields, so sampling stays stateless (docs/DESIGN.md, "Stateless seeded sampling")."""
+    fields, so sampling stays stateless (docs/design/worker.md, "Stateless seeded sampling")."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -133,7 +133,7 @@ class Generate:
     key_hash: str | None = None
     # only requests of equal salt share prefix cache blocks (docs/security.md)
     cache_salt: str | None = None
-    # False: never verified with drafts (docs/DESIGN.md, "Speculative decoding")
+    # False: never verified with drafts (docs/design/scheduler.md, "Speculative decoding")
     speculative: bool = True
     wire: int = 1                 # the client's wire version (WIRE); absent: 1
 
@@ -162,9 +162,9 @@ class Delta:
     prompt_token_ids: list[int] | None = None
     logprobs: list[float] | None = None    # one per token_ids entry, when asked
     top_logprobs: list[Any] | None = None  # per token: [[token id, logprob], ...]
-    metrics: dict | None = None            # on the last delta (docs/DESIGN.md#request-metrics)
+    metrics: dict | None = None            # on the last delta (docs/design/worker.md#request-metrics)
     # first delta, when asked: None for position 0, then per prompt position p
-    # [logprob, rank, [[token id, logprob], ...]] (docs/DESIGN.md, "Prompt logprobs")
+    # [logprob, rank, [[token id, logprob], ...]] (docs/design/worker.md, "Prompt logprobs")
     prompt_logprobs: list[Any] | None = None
 
 
@@ -353,7 +353,7 @@ class ForwardBatch:
     row j samples with temperature[j], top_p[j], top_k[j], seeds[j] and is the
     gen_index[j]-th generated token of its request. sample_offset, empty (all 0) or one
     per sample row: row j samples the query token sample_offset[j] before its sequence's
-    last (a decode verifying k drafts samples each of its k+1 tokens; docs/DESIGN.md,
+    last (a decode verifying k drafts samples each of its k+1 tokens; docs/design/scheduler.md,
     "Speculative decoding"). With a draft model the worker proposes the drafts itself:
     draft_seqs lists the sequences (batch indices) whose k query tokens after their first
     are placeholders (negative); the draft model has seen their tokens before the ones in
@@ -368,7 +368,7 @@ class ForwardBatch:
     empty range); banned token ids banned[banned_start[j]:banned_start[j+1]] (min_tokens);
     logprobs[j] = -1 (none) or k (the chosen token's log-probability and the top k).
 
-    Prompt logprobs (docs/DESIGN.md, "Prompt logprobs"), empty unless a sequence asks:
+    Prompt logprobs (docs/design/worker.md, "Prompt logprobs"), empty unless a sequence asks:
     query token prompt_rows[m] scores the prompt token prompt_targets[m] (the one after it)
     and returns its prompt_top[m] best alternatives.
 
@@ -378,7 +378,7 @@ class ForwardBatch:
     [key, kind, text] of each constraint whose row samples a request's first token since it
     was (re)admitted, so that a worker that lacks it (new, restarted, replaying) can build it.
 
-    Overlapped scheduling (docs/DESIGN.md, "Overlapped scheduling"): a negative entry
+    Overlapped scheduling (docs/design/overlap.md, "Overlapped scheduling"): a negative entry
     -1 - j of input_ids, history or grammar_tokens stands for the token sampled by row j of step
     `prev_step`, which the worker fills in from its own last StepResult before the forward.
     """

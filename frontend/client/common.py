@@ -36,7 +36,7 @@ class Result:
     finish_reason: str | None = None
     logprobs: list[float] | None = None            # with logprobs=N: one per token_ids entry
     top_logprobs: list[dict[int, float]] | None = None
-    metrics: dict | None = None                    # on a finished request (docs/DESIGN.md#request-metrics)
+    metrics: dict | None = None                    # on a finished request (docs/design/worker.md#request-metrics)
     cached_tokens: int = 0                         # prompt tokens the prefix cache served
     # with prompt_logprobs=N: None, then per prompt position {token id: logprob} holding
     # the prompt's token and the top N (vLLM's shape, without Logprob objects)

@@ -1,4 +1,4 @@
-"""Prompt logprobs at the gateway (docs/DESIGN.md, "Prompt logprobs"): what a body asks
+"""Prompt logprobs at the gateway (docs/design/worker.md, "Prompt logprobs"): what a body asks
 for and the shapes of the answer.
 
 - `/v1/completions` with `echo: true` and `logprobs: N`: the prompt's tokens, with their

@@ -9,7 +9,7 @@ prefix, so they stay near 0). Within a level the two take turns over consecutive
 the workload (`rounds`), so that this machine's drift in speed lands on both alike.
 Reported per level and system: output tok/s, TTFT and TPOT p50/p99 (client side, from the
 moment a request is sent), and how many requests' first --agree-first greedy tokens differ
-(docs/DESIGN.md, "llama.cpp as a peer"). Also (_compare_bandwidth.py): the triad's
+(docs/design/benchmarks.md, "llama.cpp as a peer"). Also (_compare_bandwidth.py): the triad's
 bandwidth, measured first; at concurrency 1 each system's bytes per token over its TPOT and
 that as a fraction of the triad; and llama-batched-bench's TG tok/s at each level.
 """

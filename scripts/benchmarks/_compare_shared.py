@@ -4,7 +4,7 @@ agreement. Both import this; neither imports the other's internals.
 
 Turns: the systems compared run the workload in consecutive rounds, every system one round's
 slice before the next round starts, who goes first rotating round by round, so that this
-machine's drift in speed (10-30% within minutes) lands on all alike (docs/DESIGN.md,
+machine's drift in speed (10-30% within minutes) lands on all alike (docs/design/benchmarks.md,
 "llama.cpp as a peer").
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ byte-level tokenizer (worker/preset_tokenizer.py) is no tokenizer the converter 
 would try sentencepiece, then hash the BPE pre-tokenizer and refuse the unknown hash. The
 benchmark sends token ids only, so the vocabulary is written as a plain GPT-2-style BPE
 vocabulary with the "default" pre-tokenizer; every id keeps its token text and type, and
-the weights go through the converter untouched (docs/DESIGN.md, "llama.cpp as a peer").
+the weights go through the converter untouched (docs/design/benchmarks.md, "llama.cpp as a peer").
 """
 from __future__ import annotations
 

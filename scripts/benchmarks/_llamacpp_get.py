@@ -5,7 +5,7 @@ Everything lives under the cache directory ($TL_CACHE_DIR, else ~/.cache/tl-engi
 llamacpp/<LLAMA_CPP_PYTHON>/: src/ (llama.cpp as vendored in the llama-cpp-python source
 distribution), build/ (cmake, Release, CPU only, only the targets asked for), gguf/
 (converted models) and build.log. A first use of a tool builds it, later ones find it; a
-lock file keeps two benchmark runs from building at once (docs/DESIGN.md, "llama.cpp as a
+lock file keeps two benchmark runs from building at once (docs/design/benchmarks.md, "llama.cpp as a
 peer").
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ One server per concurrency level: `-np N` slots of `ctx` tokens each (`-c N*ctx`
 continuous batching, f32 KV cache, one thread per core, host prompt cache off (the
 workload shares no prefixes). Requests go to /completion with the prompt as a list of ids,
 greedy (temperature 0), n_predict = max_tokens, ignore_eos, streamed with return_tokens, so
-every Trace has the same meaning as the engine's (docs/DESIGN.md, "llama.cpp as a peer").
+every Trace has the same meaning as the engine's (docs/design/benchmarks.md, "llama.cpp as a peer").
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ over the same windows, and `llama-server`'s greedy tokens for the agreement chec
 llama-perplexity tokenizes the text itself (no way to hand it ids), so the run saves what it
 evaluated (`--kl-divergence-base FILE`: a header, then the ids of every window) and those ids
 must equal ours, or the figure is refused. `-c ctx -b ctx` makes it evaluate one window per
-pass, exactly our windows (docs/DESIGN.md, "Quality").
+pass, exactly our windows (docs/design/benchmarks.md, "Quality").
 
 Both tools run with `--no-repack` (NO_REPACK): on a CPU with AMX, ggml repacks Q4_0/Q4_1
 weights for its AMX kernels, which crash on this machine's Xeon (SIGSEGV in

@@ -1,5 +1,5 @@
 """The arithmetic of `scripts/bench quality`, pure: the text's windows, which positions of a
-window are scored, perplexity from logprobs, and greedy agreement (docs/DESIGN.md, "Quality").
+window are scored, perplexity from logprobs, and greedy agreement (docs/design/benchmarks.md, "Quality").
 
 Windows are llama-perplexity's (tools/perplexity/perplexity.cpp, `perplexity()` without
 `--ppl-stride`): the tokens cut into consecutive, non-overlapping windows of `ctx` tokens

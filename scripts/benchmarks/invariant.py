@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The batch-invariant mode's cost: the mixed workload served with and without
---batch-invariant, in one run (docs/DESIGN.md, "Batch-invariant mode").
+--batch-invariant, in one run (docs/design/cpu-paths.md, "Batch-invariant mode").
 
     scripts/bench invariant --model smol --json invariant.json
     scripts/bench invariant --model tiny --requests 4 --max-tokens 8    # a smoke run

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Prefix-cache benchmark: the same workloads on a group with the cache and on one started
-with --no-prefix-cache, in one run (docs/DESIGN.md#prefix-cache).
+with --no-prefix-cache, in one run (docs/design/scheduler.md#prefix-cache).
 
     scripts/bench prefix --model smol --json prefix.json
     scripts/bench prefix --model tiny --requests 8 --conversations 2 --mixed 4   # a smoke run

@@ -2,7 +2,7 @@
 """Model quality: the perplexity of a GGUF model over a fixed English text, computed by the
 engine (prompt logprobs over HTTP), by stock transformers on the same dequantized weights
 and by llama.cpp's llama-perplexity on the GGUF itself, over the same tokens and windows;
-and greedy agreement with llama-server on 64 chat prompts (docs/DESIGN.md, "Quality").
+and greedy agreement with llama-server on 64 chat prompts (docs/design/benchmarks.md, "Quality").
 
     scripts/bench quality [--json FILE] [--model smollm2] [--ctx 512] [--allow-dirty]
 """

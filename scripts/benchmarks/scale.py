@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Scale-out benchmark: the mixed workload on data-parallel replicas and on tensor-parallel
-ranks, every setting in one run (docs/DESIGN.md, "Data-parallel replicas" and "Tensor
-parallel").
+ranks, every setting in one run (docs/design/processes.md, "Data-parallel replicas";
+docs/design/worker.md, "Tensor parallel").
 
     scripts/bench scale --model smol --json scale.json
     scripts/bench scale --model smol --device cuda        # on a machine with GPUs

@@ -92,7 +92,7 @@ TIE = 1e-4  # CPU matmuls are not batch-invariant (~1e-6); closer top-2 logits m
 
 def near_tie(model, prompt: list[int], got: list[int], want: list[int]) -> bool:
     """True when the first differing token is one of two top logits closer than TIE: a
-    difference that batching numerics explain (docs/DESIGN.md#numerics), not a lost token."""
+    difference that batching numerics explain (docs/design/worker.md#numerics), not a lost token."""
     import torch
     k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if k is None:

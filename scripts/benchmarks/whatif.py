@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """What-if accuracy: record configuration A live, predict A and B from A's step log, run B
-live with the same requests at the same offsets, and compare (docs/DESIGN.md, "What-if
+live with the same requests at the same offsets, and compare (docs/design/whatif.md, "What-if
 replay").
 
     scripts/bench whatif --model smol --json whatif.json

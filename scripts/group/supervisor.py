@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
                        help="where the worker runs the model")
     model.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                        help="a request gives the same bits alone or in any batch; default: on"
-                            " where the model allows it (docs/DESIGN.md, Batch-invariant mode)")
+                            " where the model allows it (docs/design/cpu-paths.md#batch-invariant-mode)")
     model.add_argument("--dequantize", action="store_true",
                        help="serve a quantized GGUF as float weights of --dtype (default: on its"
                             " quantized blocks; docs/design/cpu-paths.md, Quantized weights)")

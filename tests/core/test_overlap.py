@@ -1,4 +1,4 @@
-"""Overlapped scheduling (core/overlap.py, docs/DESIGN.md "Overlapped scheduling"): the same
+"""Overlapped scheduling (core/overlap.py, docs/design/overlap.md "Overlapped scheduling"): the same
 tokens as the plain step loop, no token past a finish, max_tokens, aborts and a lost worker
 with a step in flight, and logs that replay verifies."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The prefix cache's BlockSpace (core/prefix_cache.py, docs/DESIGN.md#prefix-cache): unit
+"""The prefix cache's BlockSpace (core/prefix_cache.py, docs/design/scheduler.md#prefix-cache): unit
 tests of the cache, the scheduler's hooks, and property tests against the free list."""
 from __future__ import annotations
 

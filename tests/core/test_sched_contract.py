@@ -1,5 +1,5 @@
-"""The scheduler's 11 contract tests (docs/DESIGN.md#the-contract-tests), driven by a fake model;
-each runs twice: over the free list and over the prefix cache (docs/DESIGN.md#prefix-cache)."""
+"""The scheduler's 11 contract tests (docs/design/scheduler.md#the-contract-tests), driven by a fake model;
+each runs twice: over the free list and over the prefix cache (docs/design/scheduler.md#prefix-cache)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Speculative decoding in the core (docs/DESIGN.md, "Speculative decoding"), with a fake
+"""Speculative decoding in the core (docs/design/scheduler.md, "Speculative decoding"), with a fake
 model whose next token is a function of the last one, so that prompt lookup is often right:
 the proposer, the same tokens with speculation on and off, the budget, block rollback,
 stops inside an accepted run, aborts and a lost worker with drafts in flight, the rules

@@ -1,4 +1,4 @@
-"""Speculative decoding end to end (docs/DESIGN.md, "Speculative decoding"): a group serving
+"""Speculative decoding end to end (docs/design/scheduler.md, "Speculative decoding"): a group serving
 the echo model with `--speculative ngram`. Requests that opt out (`speculative=False`) are
 plain decoding inside the same engine, so each request is sent both ways: tokens, logprobs,
 finish and stop strings must agree, drafts must be accepted, the metrics, stats() and

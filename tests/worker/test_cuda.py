@@ -1,4 +1,4 @@
-"""On a CUDA device (skipped without one: CI has none; run there by hand, docs/DESIGN.md,
+"""On a CUDA device (skipped without one: CI has none; run there by hand, docs/design/worker.md,
 "Worker"): the worker's greedy tokens equal transformers' generate on the same device and
 weights, alone on scattered blocks and batched; a group serves with --device cuda (greedy,
 seeded sampling with penalties and logprobs, prompt logprobs, grammars' masks), and its log

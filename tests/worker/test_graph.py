@@ -1,4 +1,4 @@
-"""The decode graph (worker/graph.py, docs/DESIGN.md "The decode graph"): one recording of a
+"""The decode graph (worker/graph.py, docs/design/cpu-paths.md "The decode graph"): one recording of a
 pure-decode forward answers bit for bit as the eager forward does at any row count and
 context, generates what transformers' generate does, leaves other steps eager, and is
 refused (the runner stays eager) where it cannot be made or answers differently."""

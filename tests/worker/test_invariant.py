@@ -1,4 +1,4 @@
-"""The batch-invariant mode (docs/DESIGN.md, "Batch-invariant mode"): 16 requests give the
+"""The batch-invariant mode (docs/design/cpu-paths.md, "Batch-invariant mode"): 16 requests give the
 same tokens and bitwise the same logprobs alone and inside a 64-request mixed batch with
 chunked prefill, preemption and prefix-cache hits; greedy and seeded. Also
 `scripts/replay request LOG ID --rerun` on such a log."""

@@ -1,4 +1,4 @@
-"""Packed linear layers (docs/DESIGN.md, "Packed linear layers"): oneDNN's packed matmul
+"""Packed linear layers (docs/design/cpu-paths.md, "Packed linear layers"): oneDNN's packed matmul
 gives F.linear's results, the layers that share an input are found by tracing and fused, a
 fused member handed another tensor still answers exactly, and a packed runner generates
 what the dense one does."""

@@ -1,4 +1,4 @@
-"""The panel linear layers (worker/linear/panels.py, docs/DESIGN.md "Panel linear layers"): F.linear's
+"""The panel linear layers (worker/linear/panels.py, docs/design/cpu-paths.md "Panel linear layers"): F.linear's
 results up to fp32 rounding, every row bit for bit the same whatever the call's other rows
 and thread count, taken where the output count fits the panels and nowhere else, and a
 runner on them generating what the dense one does."""

@@ -1,4 +1,4 @@
-"""Prompt logprobs (docs/DESIGN.md, "Prompt logprobs") through the real scheduler, engine
+"""Prompt logprobs (docs/design/worker.md, "Prompt logprobs") through the real scheduler, engine
 and worker on the tiny preset: equal to transformers' log_softmax over the same prompt,
 whole, in chunks and in a batch; each position once across preemption and the prefix cache;
 and a step log whose prompt logprobs `replay verify --with-model` checks."""
@@ -223,7 +223,7 @@ def test_replay_with_the_model_checks_prompt_logprobs(runner, tmp_path, overlap)
 @pytest.mark.skipif(native.kernel() is None,
                     reason="no C compiler: the batch-invariant mode needs the C attention kernel")
 def test_batch_invariant_prompt_logprobs_are_bitwise_equal_in_any_batch():
-    """docs/DESIGN.md, "Batch-invariant mode": alone and whole vs chunked (7) inside a
+    """docs/design/cpu-paths.md, "Batch-invariant mode": alone and whole vs chunked (7) inside a
     batch of 12 other requests, some asking too."""
     inv = make_runner("tiny", num_blocks=160, batch_invariant=True)
     vocab = inv.info.vocab_size

@@ -1,4 +1,4 @@
-"""Speculative decoding on a real model (docs/DESIGN.md, "Speculative decoding"): with the
+"""Speculative decoding on a real model (docs/design/scheduler.md, "Speculative decoding"): with the
 batch-invariant mode, 64 requests, greedy and seeded, copy-heavy and not, give the same
 tokens and bitwise the same logprobs (and top alternatives) with speculation on and off,
 in a roomy pool and in a tight one that preempts; drafts are accepted and rejected; every

@@ -48,7 +48,7 @@ typedef v8i vni;
 #define VN ((int)(sizeof(vn) / sizeof(float)))
 
 /* Where block b of a table sits in one layer's half of the pool: the sequence's position
- * b * bs + p is pool row table[b] * bs + p (its slot: docs/DESIGN.md, "Paged KV layout"),
+ * b * bs + p is pool row table[b] * bs + p (its slot: docs/design/worker.md, "Paged KV layout"),
  * `row` floats apart. */
 INLINE const float *block_rows(const float *pool, const int64_t *table, int64_t b, int bs,
                                int64_t row) {

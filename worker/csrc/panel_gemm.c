@@ -6,7 +6,7 @@
  * k runs from 0 to K, then adds the bias. So every output is
  *     fma(x[m][K-1], w[n][K-1], ... fma(x[m][0], w[n][0], 0)) + b[n]
  * in that order, whatever the row count, the block a row lands in or the thread count: a
- * row's result does not depend on the other rows of the call (docs/DESIGN.md, "Panel
+ * row's result does not depend on the other rows of the call (docs/design/cpu-paths.md, "Panel
  * linear layers"). One row reads each panel once, front to back: the weights stream from
  * memory at the machine's bandwidth, where oneDNN's and MKL's small-M paths do not.
  *

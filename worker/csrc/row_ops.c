@@ -4,7 +4,7 @@
  *
  * Each row is computed by one thread and every sum taken in one fixed order (16 lane
  * partials over the row, then a fixed tree), so a row's result does not depend on the
- * call's other rows (docs/DESIGN.md, "Batch-invariant mode"). Built with
+ * call's other rows (docs/design/cpu-paths.md, "Batch-invariant mode"). Built with
  * -ffp-contract=off: the products and sums round as torch's separate ops do (the rotary
  * embedding then gives torch's very bits).
  */

@@ -1,4 +1,4 @@
-"""The worker's linear layers (docs/DESIGN.md, "Packed linear layers", "Panel linear layers",
+"""The worker's linear layers (docs/design/cpu-paths.md, "Packed linear layers", "Panel linear layers",
 "Batch-invariant mode"): dispatch.py decides which kernel multiplies by a weight; packed.py
 packs a model's layers (siblings fused) for it; panels.py is the C panel kernel; rows.py
 plans the batch-invariant mode's row padding; quant.py multiplies by weights in GGUF's

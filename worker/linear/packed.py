@@ -1,5 +1,5 @@
 """Linear layers on packed weights (CPU, float32, one worker process), with the linear
-layers that read the same input multiplied as one (docs/DESIGN.md, "Packed linear layers").
+layers that read the same input multiplied as one (docs/design/cpu-paths.md, "Packed linear layers").
 A weight is packed in panels for the C kernel where it takes it (worker/linear/panels.py),
 else in oneDNN's blocked layout; worker/linear/dispatch.py multiplies by either.
 

@@ -1,4 +1,4 @@
-"""Linear layers on the C panel kernel (worker/csrc/panel_gemm.c; docs/DESIGN.md, "Panel linear
+"""Linear layers on the C panel kernel (worker/csrc/panel_gemm.c; docs/design/cpu-paths.md, "Panel linear
 layers"): the weight laid out once in panels of NR output columns, multiplied by a kernel
 that reads it front to back and sums every output in one fixed order.
 
