@@ -10,6 +10,7 @@ from core.frontend_watch import FrontendWatch
 from core.ipc.protocol import Hello
 from core.process import CoreLoop
 from core.sched import Finished, FinishReason, TokenEvent
+from core.step_commit import StepCommit
 from frontend import silence
 from frontend.silence import AwakeClock, Silence
 from tests.core.test_core_guards import add, loop  # noqa: F401  (loop: a CoreLoop, no worker)
@@ -86,8 +87,9 @@ def test_a_fid_sent_again_has_one_sequence(loop):
     sent = []
     loop.send = sent.append
     new = loop.seq_of[5]
-    loop.publish([TokenEvent(first, 9), TokenEvent(new, 7),
-                  Finished(new, FinishReason.LENGTH), Finished(first, FinishReason.LENGTH)])
+    loop.publish(StepCommit([TokenEvent(first, 9), TokenEvent(new, 7),
+                             Finished(new, FinishReason.LENGTH),
+                             Finished(first, FinishReason.LENGTH)]))
     assert list(sent[0].fids) == [5] and list(sent[0].tokens) == [7]
     assert [f[0] for f in sent[0].finished] == [5]
     assert loop.seq_of == {} and loop.fid_of == {}
