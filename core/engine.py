@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-import msgpack
-
 from core.batch import build_batch, sampled_ids
 from core.bounds import INT32_MAX, SEED_MASK
 from core.first_samples import FirstSamples
@@ -25,6 +23,7 @@ from core.step_times import StepTimes
 from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Scheduler,
                         StepOutput, TokenEvent)
 from core.speculate import PENDING, kept_rows
+from core.state_hash import schedule_json, state_hash
 from core.step_commit import StepCommit, extras_of
 from core.step_driver import LocalRunner, PlanFailed, drive
 from core.table_growth import KeptTables, TableLedger
@@ -72,45 +71,12 @@ def _fill_drafts(drafts: dict, flat: list[int]) -> None:
         drafts[i], o = flat[o:o + len(drafts[i])], o + len(drafts[i])
 
 
-def schedule_json(out: ScheduleOutput, hits=(), accepted=()) -> dict:
-    """The step log's schedule column; `hits` ([[id, cached tokens], ...], the admissions
-    that hit the prefix cache) only when there are any, so logs without a cache keep their
-    shape; so are "drafts" ([[id, [drafts]], ...], the decodes verified with drafts) and
-    "accepted" ([[id, drafts kept], ...], known once the step's tokens are)."""
-    doc = {"prefill": [[c.id, c.start, c.length, c.last] for c in out.prefill],
-           "decode": list(out.decode), "preempted": list(out.preempted)}
-    if hits:
-        doc["cached"] = [list(h) for h in hits]
-    if out.drafts:
-        doc["drafts"] = [[i, list(d)] for i, d in out.drafts.items()]
-    if accepted:
-        doc["accepted"] = [list(a) for a in accepted]
-    return doc
-
-
 def speculative(sampling: SamplingParams) -> bool:
     """Whether a request may be verified with drafts: not when it opted out, nor when a
     row's logits depend on the tokens before it in ways the drafts' rows would not see
     (penalties, min_tokens bans, a grammar; docs/design/scheduler.md, "Speculative decoding")."""
     return (sampling.speculative is True and not sampling.penalized
             and not sampling.min_tokens and sampling.constraint is None)
-
-
-HASH_PIECE = 2047   # hashlib lets the GIL go for an update of 2 KiB or more
-
-
-def state_hash(prev: str, snapshot, sched_doc: dict, outputs: list) -> str:
-    """The previous hash chained with the scheduler's state after the step (msgpack is
-    a canonical, fast serialization of these plain tuples, lists, ints and bools).
-
-    Fed in pieces under 2 KiB, which hashlib hashes without letting the GIL go: taking it
-    back from the busy log writer thread would cost the step loop up to a switch interval,
-    for a hash that takes microseconds (the digest is the same)."""
-    h = hashlib.blake2b(prev.encode(), digest_size=16)
-    data = memoryview(msgpack.packb((snapshot, sched_doc, outputs)))
-    for i in range(0, len(data), HASH_PIECE):
-        h.update(data[i:i + HASH_PIECE])
-    return h.hexdigest()
 
 
 class NullLog:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.batch import sampled_ids
-from core.engine import schedule_json
+from core.state_hash import schedule_json
 from core.logrecords import StepRecord
 
 
