@@ -201,6 +201,10 @@ class Engine:
         for seq_id in list(self.live):
             self.abort(seq_id)
 
+    def constraints(self) -> list:
+        """Each unfinished request's constraint (None where it has none)."""
+        return [live.sampling.constraint for live in self.live.values()]
+
     def restart(self) -> list[int]:
         """A new worker: every running request is preempted and later recomputed."""
         self.log.input(self.step_no, "restart", None)

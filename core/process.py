@@ -17,9 +17,10 @@ from core.config import CoreConfig, log_meta
 from core.engine import Engine
 from core.frontend_link import BEAT_S, FrontendLink
 from core.frontend_watch import FrontendWatch
-from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, Hello,
-                           I32, JoinRefused, ProtocolError, Rejected, StatsQuery, StepEvents,
-                           StepResult, StopRequest, WorkerReady)
+from core.grammar_gate import GrammarGate
+from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, GrammarReady,
+                           Hello, I32, JoinRefused, ProtocolError, Rejected, StatsQuery,
+                           StepEvents, StepResult, StopRequest, WorkerReady)
 from core.prompt_logprobs import parts
 from core.step_commit import StepCommit
 from core.step_driver import PlanFailed, drive
@@ -55,7 +56,8 @@ class CoreLoop:
         self.fe_in, self.fe_out = self.link.fe_in, self.link.fe_out
         self._inbox: list = []   # (input, wall clock read) during a step, applied after it
         self.worker = WorkerLink(ctx, cfg.worker_in, cfg.worker_out, self.fe_in.sock,
-                                 cfg.step_timeout)
+                                 cfg.step_timeout, on_news=self._worker_news)
+        self.gate = GrammarGate()   # constrained requests wait for their grammar here
         self.engine: Engine | None = None
         self.fid_of: dict[int, int] = {}   # seq_id (the scheduler's) -> fid (the frontend's)
         self.seq_of: dict[int, int] = {}   # fid -> seq_id
@@ -76,6 +78,7 @@ class CoreLoop:
     def start(self) -> None:
         msg = self.wait_worker()
         self.info, self.worker.pid = msg.info, msg.pid
+        self.gate.worker_pid = msg.pid
         if self.cfg.log:
             self.log = StepLog(self.cfg.log, log_meta(self.cfg, msg.info),
                                on_error=self.cfg.log_errors)
@@ -92,11 +95,15 @@ class CoreLoop:
         _log(f"worker {self.worker.pid} lost ({why}); waiting for a new one")
         if abandon:
             self.engine.lose_worker()
+        self.gate.worker_pid = 0   # the lost worker's GrammarReady still on the way is stale
         msg = self.wait_worker(RESTART_WAIT_S)
         if (msg.info.num_blocks, msg.info.block_size) != (self.info.num_blocks, self.info.block_size):
             raise WorkerLost("the new worker's KV pool differs from the old one's")
         self.worker.pid = msg.pid
         preempted = self.engine.restart()
+        live = [c for c in self.engine.constraints() if c is not None]
+        for ask in self.gate.new_worker(msg.pid, live):
+            self.worker.try_send(ask)
         self.announce()
         _log(f"worker {msg.pid} took over after {time.monotonic() - t0:.2f}s;"
              f" {len(preempted)} request(s) will recompute")
@@ -131,13 +138,16 @@ class CoreLoop:
             _log(f"no frontend connected: dropped {type(msg).__name__}")
 
     def drain_inputs(self, block_ms: int) -> None:
+        """Apply what came during the step, then what the frontend sent (waiting up to
+        `block_ms` for anything from the frontend or the worker)."""
         self.link.beat()
         block_ms = min(block_ms, int(BEAT_S * 1000))
+        readable = self.worker.wait_idle(0 if self._inbox else block_ms)
         inbox, self._inbox = self._inbox, []
         for msg, received in inbox:
             self.handle(msg, received)
             self.link.beat()    # thousands of inputs must not silence the core
-        if not inbox and not self.fe_in.poll(block_ms):
+        if not inbox and not readable:
             return
         for msg in self.read_inputs():
             self.handle(msg)
@@ -162,15 +172,24 @@ class CoreLoop:
             else:
                 self._inbox.append((msg, time.time()))
 
+    def _worker_news(self, msg: GrammarReady) -> None:
+        """The worker's word outside a step's result: applied between steps, as inputs are."""
+        self._inbox.append((msg, time.time()))
+
     def handle(self, msg, received: float | None = None) -> None:
         if isinstance(msg, AddRequest):
             self.add(msg, received)
+        elif isinstance(msg, GrammarReady):
+            for parked in self.gate.ready(msg):
+                self.add(parked.msg, parked.received)
         elif isinstance(msg, Hello):
             self.hello(msg)
         elif isinstance(msg, AbortRequest):
             seq_id = self.seq_of.get(msg.fid)
             if seq_id is not None:
                 self.drop(seq_id)
+            else:
+                self.gate.forget(msg.fid)
         elif isinstance(msg, StopRequest):
             self.stop(msg)
         elif isinstance(msg, StatsQuery):
@@ -194,8 +213,10 @@ class CoreLoop:
         orphans = list(self.seq_of.values())
         for seq_id in orphans:
             self.drop(seq_id)
-        if orphans:
-            _log(f"{why}: aborted {len(orphans)} request(s) of the frontend before")
+        waiting = self.gate.drop_all()
+        if orphans or waiting:
+            _log(f"{why}: aborted {len(orphans)} request(s) of the frontend before"
+                 f" ({len(waiting)} more waited for their grammar)")
 
     def stop(self, msg: StopRequest) -> None:
         """A stop string ended the request at the frontend: finish it "stop" here too, and
@@ -213,9 +234,15 @@ class CoreLoop:
             self.send(Rejected(fid=msg.fid, code=503, message=refusal))
             return
         held = self.seq_of.get(msg.fid)
-        if held is not None:   # never two sequences under one fid: the newest is the live one
+        if held is not None or self.gate.forget(msg.fid):   # the newest is the live one
             _log(f"request {msg.fid} sent again: aborting its earlier copy")
-            self.drop(held)
+            if held is not None:
+                self.drop(held)
+        go, ask = self.gate.admit(msg, received)
+        if ask is not None:
+            self.worker.try_send(ask)
+        if not go:   # back through here once the worker holds its grammar
+            return
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority,
                       cache_salt=msg.cache_salt)
         try:

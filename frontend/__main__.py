@@ -19,6 +19,7 @@ from core.ipc.lifeline import die_with_parent, exit_now
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
+from frontend.constraint_budget import DEFAULT_NEW_CONSTRAINTS_PER_S
 from frontend.process import Frontend, FrontendConfig
 from frontend.torchless import forbid_torch
 
@@ -48,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests one client may have unfinished at once (more get 429)")
     p.add_argument("--max-compile-ms", type=int, default=DEFAULT_MAX_COMPILE_MS,
                    help="a constraint whose compile takes longer is refused (400)")
+    p.add_argument("--new-constraints-per-s", type=float, default=DEFAULT_NEW_CONSTRAINTS_PER_S,
+                   help="new (not yet compiled) constraints one client may send a second,"
+                        " in bursts of 8 seconds' worth; more get 429 (docs/structured.md)")
     p.add_argument("--prefix-cache-scope", choices=SCOPES, default="global",
                    help="which requests share prefix cache blocks (docs/security.md)")
     p.add_argument("--log-level", default="INFO")
@@ -71,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         print("frontend: give --core-in and --core-out once per replica each", file=sys.stderr)
         return 2
     if (args.max_frame_bytes < 1 or args.drain_timeout < 0 or args.max_inflight_per_client < 1
-            or args.max_compile_ms < 1):
+            or args.max_compile_ms < 1 or not args.new_constraints_per_s > 0):
         print("frontend: --max-frame-bytes, --max-inflight-per-client and --max-compile-ms"
-              " must be >= 1 and --drain-timeout >= 0", file=sys.stderr)
+              " must be >= 1, --new-constraints-per-s > 0 and --drain-timeout >= 0",
+              file=sys.stderr)
         return 2
     die_with_parent()   # a frontend whose supervisor is gone must not hold its address
     try:
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                                      args.max_frame_bytes, args.drain_timeout,
                                      args.max_inflight_per_client, args.replica_address,
                                      args.max_compile_ms, args.prefix_cache_scope,
-                                     args.curve))
+                                     args.curve, args.new_constraints_per_s))
     except CurveKeyError as e:
         print(f"frontend: {e}", file=sys.stderr)
         return 2

@@ -43,6 +43,10 @@ class CompileCheck:
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
         self._tokenizer = None
 
+    def cached(self, c: Constraint) -> bool:
+        """Whether `c`'s verdict is kept (error() then compiles nothing)."""
+        return c.key in self._verdicts
+
     def error(self, c: Constraint) -> str | None:
         """Why `c` is refused (it does not compile, or not within the bound), or None."""
         v = self._verdicts.get(c.key)

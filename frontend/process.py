@@ -26,6 +26,7 @@ from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, 
 from core.ipc.wire import peek_request_id
 from frontend.cache_salt import salt_digest
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
+from frontend.constraint_budget import DEFAULT_NEW_CONSTRAINTS_PER_S, ConstraintBudget
 from core.ipc.curve import CLIENT_DOMAIN, REPLICA_DOMAIN
 from frontend.core_side import CORE_DIED, CoreSide
 from frontend.zap import Curve
@@ -66,6 +67,8 @@ class FrontendConfig:
     max_compile_ms: int = DEFAULT_MAX_COMPILE_MS   # a constraint's compile bound
     prefix_cache_scope: str = "global"   # which salts a request gets (frontend/cache_salt.py)
     curve: str | None = None   # the key directory (core/ipc/curve.py): CURVE on both ROUTERs
+    # new constraints a client may have compiled a second (frontend/constraint_budget.py)
+    new_constraints_per_s: float = DEFAULT_NEW_CONSTRAINTS_PER_S
 
 
 class Frontend(CoreSide, PromptSide):
@@ -98,6 +101,7 @@ class Frontend(CoreSide, PromptSide):
         self._eos_ids: frozenset[int] = frozenset()
         self.inflight = Inflight()
         self.compiles = CompileCheck(cfg.max_compile_ms)   # the tokenizing thread's only
+        self.budget = ConstraintBudget(cfg.new_constraints_per_s)   # the thread's only too
         self.tokenizing = TokenizeQueue(self._tokenize, self.wakeup.poke)
         self._next_fid = 0      # one counter for every replica: a fid names one request
         self._next_epoch = 1    # Hello's epochs (core/ipc/protocol.py); local replicas start at 0

@@ -1,9 +1,10 @@
 """The frontend's half that prepares a Generate off its loop: its constraint compiled
-(bounded, remembered by key: compile_check.py) and its text prompt turned into ids. What the
-tokenizing thread runs, and what the loop does with its results (frontend/tokenizing.py).
+(bounded, remembered by key: compile_check.py; a new one within its client's budget:
+constraint_budget.py) and its text prompt turned into ids. What the tokenizing thread runs,
+and what the loop does with its results (frontend/tokenizing.py).
 
 Mixed into Frontend (process.py), whose state it shares: `tokenizer`, `info`, `compiles`,
-`tokenizing`, `router`, `core_dead`, `_admit` and `_error`.
+`budget`, `tokenizing`, `router`, `core_dead`, `_admit` and `_error`.
 """
 from __future__ import annotations
 
@@ -19,15 +20,21 @@ log = logging.getLogger("frontend")
 
 
 class PromptSide:
-    def _tokenize(self, msg: Generate) -> list[int]:
-        """On the tokenizing thread: the constraint compiled, then the prompt's ids, checked
-        against the model (ids given are checked already, on the loop)."""
-        check_constraint(msg, self.compiles)
+    def _tokenize(self, ident: bytes, msg: Generate) -> list[int]:
+        """On the tokenizing thread: the constraint compiled (a new one only within the
+        client's budget), then the prompt's ids, checked against the model (ids given are
+        checked already, on the loop)."""
+        check_constraint(msg, self.compiles, lambda field: self._spend(ident, field))
         if not isinstance(msg.prompt, str):
             return msg.prompt
         ids = self.tokenizer.encode(msg.prompt, msg.add_special_tokens)
         check_prompt_ids(ids, self.info, msg.max_tokens if msg.max_tokens_must_fit else None)
         return ids
+
+    def _spend(self, ident: bytes, field: str) -> None:
+        """One new constraint from `ident`: refused (429) past its budget."""
+        if not self.budget.take(ident):
+            raise self.budget.refusal(field)
 
     def _on_tokenized(self) -> None:
         """On the loop: answer or admit every prompt the thread has finished."""

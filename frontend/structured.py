@@ -40,17 +40,21 @@ def constraint_of(response_format, structured_outputs) -> Constraint | None:
     return c
 
 
-def check_constraint(req, compiles) -> Constraint | None:
+def check_constraint(req, compiles, budget=None) -> Constraint | None:
     """`req`'s constraint (a Generate, or anything with its two fields), compiled by
     `compiles` (a CompileCheck: bounded in time, its verdicts kept by key) so that what
-    cannot compile, or not within the bound, is a 400 here."""
+    cannot compile, or not within the bound, is a 400 here. `budget(field)`, called before a
+    constraint without a kept verdict is compiled, may refuse it (the frontend's per-client
+    budget, frontend/constraint_budget.py: a 429)."""
     fmt, so = getattr(req, "response_format", None), getattr(req, "structured_outputs", None)
     c = constraint_of(fmt, so)
     if c is None:
         return None
+    field = "structured_outputs" if so is not None else "response_format"
+    if budget is not None and not compiles.cached(c):
+        budget(field)
     error = compiles.error(c)
     if error is not None:
-        field = "structured_outputs" if so is not None else "response_format"
         raise InvalidField(f"{field}: {error}", field)
     return c
 

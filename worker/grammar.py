@@ -6,10 +6,17 @@ The batch is the truth: a matcher is kept between steps only as a cache. Each st
 checked against the row's generated tokens (grammar_tokens) and advanced by the new ones, or
 rebuilt from all of them when they disagree (a preempted request recomputed, a stale batch, a
 new worker), so preemption, restarts, overlap and replay need nothing else.
+
+A key's grammar is built off the step path where the core asks for it first (PrepareGrammar,
+worker/grammar_builds.py's thread; docs/structured.md, "Built before the step"): the core holds
+the request until the worker says it is built, so a step finds it built. A step builds one
+itself only where nobody asked first (replay's runner, an engine without a core); a step
+that needs a key still building (just after a restart) waits for that build.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -36,7 +43,11 @@ class Grammars:
         self.tokenizer_dir, self.vocab_size, self.eos_ids = tokenizer_dir, vocab_size, eos_ids
         self._tok = None           # llguidance.LLTokenizer, built at the first constraint
         self._executor = None
-        self._built: OrderedDict[str, object] = OrderedDict()   # key -> pristine matcher
+        # key -> pristine matcher; the builder thread installs into it, so under _lock
+        self._built: OrderedDict[str, object] = OrderedDict()
+        self._building: dict[str, threading.Event] = {}   # keys the builder thread is on
+        self._lock = threading.Lock()
+        self._tok_lock = threading.Lock()
         self._seqs: dict[int, _Seq] = {}
         self.spent_s = 0.0         # seconds in mask() so far: builds, syncs, masks (benchmarks)
 
@@ -68,11 +79,47 @@ class Grammars:
 
     def _learn(self, specs: list[list[str]]) -> None:
         for key, kind, text in specs:
-            if key not in self._built:
-                self._built[key] = self.build(Constraint(kind, text))
+            with self._lock:
+                if key in self._built:
+                    self._built.move_to_end(key)
+                    continue
+                building = self._building.get(key)
+            if building is not None:
+                building.wait()   # only a restarted worker's recompute gets here
+            if not self.holds(key):
+                self.install(key, self.build(Constraint(kind, text)))
+
+    def holds(self, key: str) -> bool:
+        with self._lock:
+            return key in self._built
+
+    def begin(self, key: str) -> bool:
+        """Whether `key` needs a build (the caller then builds and installs it): False when
+        it is built or being built."""
+        with self._lock:
+            if key in self._built or key in self._building:
+                return False
+            self._building[key] = threading.Event()
+            return True
+
+    def abandon(self, key: str) -> None:
+        """`key`'s build failed off the step: a step that needs it builds it itself."""
+        with self._lock:
+            done = self._building.pop(key, None)
+        if done is not None:
+            done.set()
+
+    def install(self, key: str, matcher) -> None:
+        """`key`'s pristine matcher, built (on any thread); the least recently used past
+        MAX_GRAMMARS are dropped."""
+        with self._lock:
+            self._built[key] = matcher
             self._built.move_to_end(key)
-        while len(self._built) > MAX_GRAMMARS:
-            self._built.popitem(last=False)
+            while len(self._built) > MAX_GRAMMARS:
+                self._built.popitem(last=False)
+            done = self._building.pop(key, None)
+        if done is not None:
+            done.set()
 
     def build(self, c: Constraint):
         """`c`'s pristine matcher, as this worker builds a new key's (scripts/bench
@@ -91,7 +138,8 @@ class Grammars:
         tokens = b.grammar_tokens[b.grammar_start[j]:b.grammar_start[j + 1]].tolist()
         st = self._seqs.get(seq_id)
         if st is None or st.key != key or st.tokens != tokens[:len(st.tokens)]:
-            built = self._built.get(key)
+            with self._lock:
+                built = self._built.get(key)
             if built is None:
                 raise ValueError(f"row {j} has constraint {key}, which this worker was never "
                                  "given (its spec comes with the request's first sample)")
@@ -123,6 +171,10 @@ class Grammars:
         return allowed
 
     def _tokenizer(self):
+        with self._tok_lock:   # the builder thread's build and a step's may both come here
+            return self._make_tokenizer()
+
+    def _make_tokenizer(self):
         if self._tok is None:
             import llguidance.hf
             from transformers import AutoTokenizer

@@ -9,7 +9,9 @@ import zmq
 
 from core.batch import fill_ahead
 from core.ipc.channel import Channel
-from core.ipc.protocol import ForwardBatch, ProtocolError, Shutdown, WorkerReady
+from core.ipc.protocol import (ForwardBatch, GrammarReady, PrepareGrammar, ProtocolError,
+                               Shutdown, WorkerReady)
+from worker.grammar_builds import GrammarBuilds
 
 
 def _log(msg: str) -> None:
@@ -28,12 +30,23 @@ def _grammar_s(runner) -> float:
     return g.spent_s if g is not None else 0.0
 
 
+def _builds(runner, ctx: zmq.Context, to_core: str) -> GrammarBuilds | None:
+    """The thread that builds grammars off the step path; None for the null runner, which
+    has no grammars (it answers PrepareGrammar at once)."""
+    g = getattr(runner, "grammars", None)
+    if g is None:
+        return None
+    return GrammarBuilds(g, lambda: Channel(ctx, zmq.PUSH, to_core, bind=False), os.getpid())
+
+
 def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
-    """Report readiness, then answer every ForwardBatch until Shutdown."""
+    """Report readiness, then answer every ForwardBatch until Shutdown; PrepareGrammar
+    between them starts a grammar's build off the step path (worker/grammar_builds.py)."""
     out = Channel(ctx, zmq.PUSH, to_core, bind=False, max_bytes=1 << 30)
-    inp = Channel(ctx, zmq.PULL, from_core, bind=False, accept=(ForwardBatch, Shutdown),
-                  max_bytes=1 << 30)
+    inp = Channel(ctx, zmq.PULL, from_core, bind=False,
+                  accept=(ForwardBatch, PrepareGrammar, Shutdown), max_bytes=1 << 30)
     times = open(os.environ[TIMES_ENV], "a", buffering=1) if os.environ.get(TIMES_ENV) else None
+    builds = _builds(runner, ctx, to_core)
     try:
         out.send(WorkerReady(info=runner.info, pid=os.getpid()))
         last = None   # the last StepResult: an overlapped batch's placeholders come from it
@@ -45,6 +58,10 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
                 continue
             if isinstance(msg, Shutdown):
                 return
+            if isinstance(msg, PrepareGrammar):
+                if builds is None or (not builds.prepare(msg) and builds.grammars.holds(msg.key)):
+                    out.send(GrammarReady(key=msg.key, pid=os.getpid()))
+                continue
             t0 = time.perf_counter()
             mask0 = _grammar_s(runner)
             if not fill_ahead(msg, *((last.step, last.tokens) if last else (-1, None))):
@@ -56,6 +73,8 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
                             f"{(_grammar_s(runner) - mask0) * 1e3:.3f}\n")
             out.send(last)
     finally:
+        if builds is not None:
+            builds.close()
         if times is not None:
             times.close()
         out.close()

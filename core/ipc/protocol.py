@@ -462,3 +462,21 @@ class WorkerReady:
 @message("shutdown")
 class Shutdown:
     pass
+
+
+@message("prepare_grammar")
+class PrepareGrammar:
+    """Core -> worker: build constraint `key`'s grammar (kind, text) off the step path; the
+    core holds the requests under it until GrammarReady (docs/structured.md, "Built before
+    the step"). A key the worker holds already is answered at once."""
+    key: str
+    kind: str
+    text: str
+
+
+@message("grammar_ready")
+class GrammarReady:
+    """Worker -> core: the worker `pid` holds `key`'s grammar now (built, or failed to build:
+    a matcher in an error state, which allows EOS only)."""
+    key: str
+    pid: int

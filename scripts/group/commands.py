@@ -102,6 +102,7 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
                  "--drain-timeout", str(a.drain_timeout),
                  "--max-inflight-per-client", str(a.max_inflight_per_client),
                  "--max-compile-ms", str(a.max_compile_ms),
+                 "--new-constraints-per-s", str(a.new_constraints_per_s),
                  "--prefix-cache-scope", a.prefix_cache_scope]
     if a.allow_remote:
         frontend.append("--allow-remote")

@@ -35,6 +35,7 @@ from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args, spec_problem
 from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
+from frontend.constraint_budget import DEFAULT_NEW_CONSTRAINTS_PER_S
 from frontend.http.api_keys import add_key_args
 from scripts.group.gateway_keys import gateway_env
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
@@ -97,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
     front.add_argument("--max-compile-ms", type=int, default=DEFAULT_MAX_COMPILE_MS,
                        help="a structured-output constraint (or a tool's schema) whose compile"
                             " takes longer is refused with 400 (docs/structured.md)")
+    front.add_argument("--new-constraints-per-s", type=float,
+                       default=DEFAULT_NEW_CONSTRAINTS_PER_S,
+                       help="new (not yet compiled) constraints one client may send a second,"
+                            " in bursts of 8 seconds' worth; more get 429 (docs/structured.md)")
     http = p.add_argument_group("HTTP (the OpenAI-compatible gateway)")
     http.add_argument("--http-port", type=int, default=None,
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
@@ -163,6 +168,8 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--batch-invariant runs with --tp 1")
     if a.max_compile_ms < 1:
         p.error(f"--max-compile-ms must be at least 1, not {a.max_compile_ms}")
+    if not a.new_constraints_per_s > 0:
+        p.error(f"--new-constraints-per-s must be over 0, not {a.new_constraints_per_s}")
     if why := threads_problem(a.threads, cores()):
         p.error(why)
     if a.threads is None:   # every worker process is started with its share

@@ -1,0 +1,76 @@
+"""The worker's grammar builds off the step path (worker/grammar_builds.py; docs/structured.md,
+"Built before the step"), on the tiny model: a key asked for is built on the build thread and
+answered once, and a step that then needs it builds nothing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.ipc.protocol import Constraint, GrammarReady, PrepareGrammar, SamplingParams
+from tests.waiting import wait_until
+from tests.worker.test_structured_worker import SCHEMAS, prompt, run
+from worker.grammar_builds import GrammarBuilds
+from worker.load import make_runner
+
+C = Constraint("json", json.dumps(SCHEMAS[1]))
+PID = 77
+
+
+class Sent:
+    """A channel to the core that keeps what it was given."""
+
+    def __init__(self):
+        self.msgs: list = []
+
+    def send(self, msg) -> None:
+        self.msgs.append(msg)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return make_runner("tiny", num_blocks=128)
+
+
+def test_a_key_is_built_off_the_step_and_the_step_builds_nothing(runner, monkeypatch):
+    g, sent = runner.grammars, Sent()
+    builds = GrammarBuilds(g, lambda: sent, PID)
+    try:
+        ask = PrepareGrammar(C.key, C.kind, C.text)
+        assert builds.prepare(ask)
+        assert not builds.prepare(ask)   # being built, or built: never twice
+        wait_until(lambda: sent.msgs, 30, what="GrammarReady")
+        assert sent.msgs == [GrammarReady(key=C.key, pid=PID)]
+        assert g.holds(C.key) and not builds.prepare(ask)
+    finally:
+        builds.close()
+
+    def no_build(c):
+        raise AssertionError(f"a step built {c.kind}")
+
+    monkeypatch.setattr(g, "build", no_build)
+    [(out, reason)], _ = run(runner, [(prompt(1), 40, SamplingParams(constraint=C))])
+    assert reason == "stop" and out
+
+
+def test_a_failed_build_still_answers_and_leaves_the_key_to_the_step(runner, monkeypatch):
+    g, sent = runner.grammars, Sent()
+    c = Constraint("regex", "z[0-9]{2}")
+
+    def broken(c):
+        raise RuntimeError("a bug in a build")
+
+    monkeypatch.setattr(g, "build", broken)
+    builds = GrammarBuilds(g, lambda: sent, PID)
+    try:
+        assert builds.prepare(PrepareGrammar(c.key, c.kind, c.text))
+        wait_until(lambda: sent.msgs, 30, what="GrammarReady")
+    finally:
+        builds.close()
+    assert sent.msgs == [GrammarReady(key=c.key, pid=PID)] and not g.holds(c.key)
+    monkeypatch.undo()   # the step builds it itself
+    [(out, reason)], _ = run(runner, [(prompt(2), 8, SamplingParams(constraint=c))])
+    assert reason == "stop" and len(out) >= 3
