@@ -10,9 +10,9 @@ import json
 import llguidance
 import pytest
 
-from frontend.bounded_json import MAX_DEPTH, MAX_KEY, MAX_MEMBERS, MAX_STRING
+from frontend import bounded_json as bj
 from frontend.http.tools import tool_ask
-from frontend.strict_schema import strict_parameters
+from frontend.strict_schema import MAX_STRING, strict_parameters
 from frontend.structured import constraint_of
 from frontend.tool_grammar import MAX_PARALLEL_CALLS
 from frontend.tool_parsers import HERMES, LLAMA3
@@ -79,7 +79,7 @@ def test_named_property_objects_close_at_every_depth():
 def test_what_the_schema_allows_stays_allowed():
     free = {"type": "object"}
     assert strict_parameters(free) == free   # names no properties: any object
-    opened = {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}
+    opened = {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string", "maxLength": 3}}
     assert strict_parameters(opened) == opened
     patterned = {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}}
     assert "additionalProperties" not in strict_parameters(patterned)
@@ -87,6 +87,34 @@ def test_what_the_schema_allows_stays_allowed():
     both = {"allOf": [{"type": "object", "properties": {"a": {}}},
                       {"type": "object", "properties": {"b": {}}}]}
     assert all("additionalProperties" not in b for b in strict_parameters(both)["allOf"])
+
+
+def test_an_unbounded_integer_is_held_to_the_safe_integers():
+    s = strict_parameters({"type": "object", "properties": {
+        "n": {"type": "integer"}, "k": {"type": "integer", "minimum": 1},
+        "x": {"type": "integer", "exclusiveMaximum": 10}}})["properties"]
+    big = 2**53 - 1
+    assert (s["n"]["minimum"], s["n"]["maximum"]) == (-big, big)
+    assert (s["k"]["minimum"], s["k"]["maximum"]) == (1, big)
+    assert s["x"]["minimum"] == -big and "maximum" not in s["x"]
+    timer = fn("timer", parameters={"type": "object", "properties": {
+        "minutes": {"type": "integer"}}, "required": ["minutes"]})
+    m = matcher({"tools": [timer], "tool_choice": "required"})
+    assert take(m, '<tool_call>\n{"name":"timer","arguments":{"minutes":' + str(big))
+    assert not take(m, "0")   # a 17th digit
+
+
+def test_an_unbounded_string_is_held_to_max_string_characters():
+    s = strict_parameters({"type": "object", "properties": {
+        "q": {"type": "string"}, "long": {"type": "string", "maxLength": 5000},
+        "day": {"type": "string", "pattern": "^[0-9]{4}$"}, "u": {"enum": ["a", "b"]}}})
+    p = s["properties"]
+    assert p["q"]["maxLength"] == MAX_STRING and p["long"]["maxLength"] == 5000
+    assert "maxLength" not in p["day"] and "maxLength" not in p["u"]
+    search = fn("search", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+    m = matcher({"tools": [search], "tool_choice": "required"})
+    assert take(m, '<tool_call>\n{"name":"search","arguments":{"q":"' + "ab" * (MAX_STRING // 2))
+    assert not take(m, "a") and take(m, '"}')   # the string must close
 
 
 def test_strict_true_requires_every_named_property():
@@ -159,8 +187,8 @@ def json_object_matcher():
 
 @pytest.mark.parametrize("text", [
     "{}", '{"a":[1,2],"b":{"c":null},"d":"x\\n\\u00e9\\/","e":-0.25e-3,"f":true}',
-    '{"a":[' + ",".join(["1"] * MAX_MEMBERS) + "]}",
-    "{" + '"a":{' * (MAX_DEPTH - 1) + '"z":1' + "}" * MAX_DEPTH,
+    '{"a":[' + ",".join(["1"] * bj.MAX_MEMBERS) + "]}",
+    "{" + '"a":{' * (bj.MAX_DEPTH - 1) + '"z":1' + "}" * bj.MAX_DEPTH,
 ])
 def test_json_object_takes_objects_within_bounds_then_only_eos(text):
     m = json_object_matcher()
@@ -168,10 +196,10 @@ def test_json_object_takes_objects_within_bounds_then_only_eos(text):
 
 
 @pytest.mark.parametrize("text", [
-    '{"a":[' + ",".join(["1"] * (MAX_MEMBERS + 1)),                   # counting on
-    "{" + '"a":{' * MAX_DEPTH,                                          # nesting on
-    '{"' + "k" * (MAX_KEY + 1),                                          # a key running on
-    '{"a":"' + "x" * (MAX_STRING + 1),                                   # a string running on
+    '{"a":[' + ",".join(["1"] * (bj.MAX_MEMBERS + 1)),                   # counting on
+    "{" + '"a":{' * bj.MAX_DEPTH,                                          # nesting on
+    '{"' + "k" * (bj.MAX_KEY + 1),                                          # a key running on
+    '{"a":"' + "x" * (bj.MAX_STRING + 1),                                   # a string running on
     '{"a":1' + "0" * 16,                                                # a number running on
     "[1]", '{"a":1} ', '{ "a":1}', '{"a":01}',
 ])
