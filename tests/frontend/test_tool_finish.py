@@ -79,7 +79,8 @@ def test_named_property_objects_close_at_every_depth():
 def test_what_the_schema_allows_stays_allowed():
     free = {"type": "object"}
     assert strict_parameters(free) == free   # names no properties: any object
-    opened = {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string", "maxLength": 3}}
+    opened = {"type": "object", "properties": {"a": {}},
+              "additionalProperties": {"type": "string", "maxLength": 3}}
     assert strict_parameters(opened) == opened
     patterned = {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}}
     assert "additionalProperties" not in strict_parameters(patterned)
