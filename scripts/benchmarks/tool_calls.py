@@ -1,6 +1,8 @@
 #!/usr/bin/env python
-"""Tool calls on the trained model: the share of replies that end `tool_calls` with a usable
-call, for tool_choice auto, required and named (docs/structured.md, "Tool calls").
+"""Tool calls on the trained model: the share of replies ending in usable calls, per tool_choice.
+
+The share that ends `tool_calls` with usable calls, for tool_choice auto, required and
+named (docs/structured.md, "Tool calls").
 
     scripts/bench tool_calls --json docs/bench/tool-calls.json
     scripts/bench tool_calls --prompts 4 --modes required        # a smoke run
