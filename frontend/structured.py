@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 
 from core.ipc.protocol import Constraint
+from frontend.bounded_json import OBJECT_GRAMMAR
 from frontend.plain_json import check_plain
 from frontend.validate import InvalidField
 
 # A constraint's text (a schema as compact JSON, a regex, the choices, a grammar) at most:
 # it travels in the request, the batch that first samples it and the step log.
 MAX_CONSTRAINT_CHARS = 65536
-ANY_OBJECT = '{"type": "object"}'
+# json_object (and a json_schema without a schema): any JSON object within bounds, a
+# grammar whose every sentence ends (frontend/bounded_json.py)
+ANY_OBJECT = Constraint("grammar", OBJECT_GRAMMAR)
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 
@@ -69,14 +72,14 @@ def _format(v) -> Constraint | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return Constraint("json", ANY_OBJECT)
+        return ANY_OBJECT
     spec = v.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise InvalidField(f"{where}.json_schema must be an object with a name", where)
     _only(spec, {"name", "schema", "strict", "description"}, f"{where}.json_schema")
     schema = spec.get("schema")
     if schema is None:
-        return Constraint("json", ANY_OBJECT)
+        return ANY_OBJECT
     if not isinstance(schema, dict):
         raise InvalidField(f"{where}.json_schema.schema must be an object", where)
     return Constraint("json", json.dumps(schema, separators=(",", ":")))

@@ -5,13 +5,17 @@ format (`<tool_call>{"name", "arguments"}</tool_call>`, any number) and Llama 3'
 One machine serves both ways of reading: `CallStream.feed` takes text deltas and returns
 what can be said already (content, complete calls), holding back text that may be the start
 of a call; `finish` says the rest. `parse` is feed-all-then-finish, so a stream's deltas
-always add up to the whole reply's parse. Text that does not parse as a call stays content.
-When a reply has calls, its trailing whitespace is not content, and whitespace-only content
-is none (null): a stream holds whitespace back until more content follows.
+always add up to the whole reply's parse. A finished block that does not parse as a call
+stays content; a call the reply ends inside of (cut at max_tokens) is dropped, never left
+half in content: a stream holds a call's text back until it is complete, so nothing of it
+was said. When a reply has calls, its trailing whitespace is not content, and
+whitespace-only content is none (null): a stream holds whitespace back until more content
+follows.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from frontend.plain_json import plain_problem
@@ -20,6 +24,7 @@ HERMES, LLAMA3 = "hermes", "llama3"
 FORMATS = (HERMES, LLAMA3)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+_CALL_START = re.compile(r'\{\s*"name"\s*:')   # how a Llama 3 call's JSON begins
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,11 @@ class HermesStream(CallStream):
         while self._buf:
             start = self._buf.find(OPEN)
             if start < 0:
-                keep = 0 if final else _partial_suffix(self._buf, OPEN)
+                keep = _partial_suffix(self._buf, OPEN)
+                if final:   # a tag cut off (two characters or more) goes with its call
+                    keep = keep if keep >= 2 else 0
+                    self._buf = self._buf[:len(self._buf) - keep]
+                    keep = 0
                 self._content(self._buf[:len(self._buf) - keep], out)
                 self._buf = self._buf[len(self._buf) - keep:]
                 break
@@ -104,20 +113,21 @@ class HermesStream(CallStream):
             self._buf = self._buf[start:]
             end = self._buf.find(CLOSE)
             if end < 0:
-                if final:   # an unclosed last call (a model that stopped at its end)
-                    self._block(self._buf[len(OPEN):], self._buf, out)
+                if final:   # an unclosed last call: read if whole, else dropped
+                    self._block(self._buf[len(OPEN):], None, out)
                     self._buf = ""
                 break
             self._block(self._buf[len(OPEN):end], self._buf[:end + len(CLOSE)], out)
             self._buf = self._buf[end + len(CLOSE):]
         return out
 
-    def _block(self, inner: str, raw: str, out: list) -> None:
+    def _block(self, inner: str, raw: str | None, out: list) -> None:
+        """`raw`: the closed block's text, content if it is no call (None: unclosed)."""
         call = call_of(inner.strip())
-        if call is None:
-            self._content(raw, out)
-        else:
+        if call is not None:
             self._call(call, out)
+        elif raw is not None:
+            self._content(raw, out)
 
 
 class Llama3Stream(CallStream):
@@ -151,7 +161,8 @@ class Llama3Stream(CallStream):
     def _calls(self, final: bool, out: list) -> None:
         while True:
             rest = self._buf.lstrip()
-            rest = rest[len(PYTHON_TAG):].lstrip() if rest.startswith(PYTHON_TAG) else rest
+            tagged = rest.startswith(PYTHON_TAG)
+            rest = rest[len(PYTHON_TAG):].lstrip() if tagged else rest
             rest = rest.lstrip("; \t\r\n") if self.calls else rest
             if not rest:
                 if final:
@@ -165,8 +176,9 @@ class Llama3Stream(CallStream):
             try:
                 obj, n = self._decoder.raw_decode(rest)
             except (ValueError, RecursionError):
-                if final:   # an unfinished object: the rest is content
-                    self._content(self._buf, out)
+                if final:   # an unfinished object: dropped if a call, else content
+                    if not (tagged or self.calls or _CALL_START.match(rest)):
+                        self._content(self._buf, out)
                     self._buf = ""
                 return
             call = _call(obj, "parameters")

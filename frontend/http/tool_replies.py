@@ -1,7 +1,8 @@
 """Chat replies that carry tool calls (docs/structured.md, "Tool calls"): the reply's text
 read by the served model's tool-call parser (frontend/tool_parsers.py) into OpenAI's
 `message.tool_calls` (`content` null when there are only calls) with `finish_reason:
-"tool_calls"`, and a stream's text deltas into OpenAI's tool-call deltas.
+"tool_calls"`, and a stream's text deltas into OpenAI's tool-call deltas. A call the reply
+was cut inside of (`length`) is in neither `tool_calls` nor `content`.
 
 A call's id is derived from the request id, the choice and the call's index, so a request
 answered twice (replay, a retry with the same request_id) gets the same ids.
@@ -44,6 +45,7 @@ class ToolChatFormat(ChatFormat):
         choice = super()._whole(i, t)
         content, calls = parse(self.fmt, t.text)
         calls = calls[:self.most]
+        choice["message"]["content"] = content if calls or content is not None else ""
         if calls:
             choice["message"].update(content=content,
                                      tool_calls=[self._call(i, k, c)
@@ -72,5 +74,6 @@ class ToolChatFormat(ChatFormat):
 
 
 def _finish(engine: str | None) -> str | None:
-    """A reply with calls that ended on its own ends "tool_calls"; cut short, "length"."""
+    """A reply with calls that ended on its own ends "tool_calls"; cut short, "length" (its
+    complete calls are kept, a call it was cut inside of is dropped: tool_parsers.py)."""
     return "tool_calls" if engine == "stop" else engine

@@ -47,6 +47,7 @@ class ToolAsk:
         None where nothing is constrained."""
         if not self.constrains:
             return None
+        # a named function is called once, parallel_tool_calls or not (as vLLM does)
         text = call_grammar(self.functions, fmt, self.parallel and self.name is None)
         if len(text) > MAX_CONSTRAINT_CHARS:
             raise ApiError(400, f"tools: the calls' grammar is {len(text)} characters; at "
@@ -109,7 +110,8 @@ def _function(f: dict, where: str, compiles: CompileCheck) -> None:
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise ApiError(400, f"{where}.function.parameters must be a JSON schema of an "
                             "object", "tools")
-    _compiles(Constraint("json", json.dumps(call_schema(f["name"], params))),
+    _compiles(Constraint("json", json.dumps(call_schema(f["name"], params,
+                                                        strict=f.get("strict") is True))),
               f"{where}.function.parameters", compiles)
 
 

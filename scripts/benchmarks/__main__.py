@@ -23,6 +23,7 @@ SUMMARY = {
     "speculative": "n-gram speculative decoding on and off on the trained model, copy-heavy and chat",
     "structured": "every request under its own JSON schema against the same ones free",
     "soak": "many requests with aborts and preemption; nothing may be lost",
+    "tool_calls": "tool_choice auto, required, named on the trained model: usable calls that end",
     "whatif": "what-if replay's predictions against live runs",
 }
 

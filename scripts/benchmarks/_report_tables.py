@@ -78,7 +78,7 @@ def kind(doc: dict) -> str | None:
                       ("curve", "curve_cost_us_per_request")):
         if key in doc:
             return name
-    if doc.get("benchmark") in ("speculative", "overhead-compare", "memory"):
+    if doc.get("benchmark") in ("speculative", "overhead-compare", "memory", "tool_calls"):
         return doc["benchmark"]
     if "shared_t0" in (doc.get("on") or {}):
         return "prefix"
@@ -379,7 +379,23 @@ def overhead_compare(doc: dict) -> str:
     return "\n".join(lines) + f"\n\n{doc.get('what', '')}. Load before each turn: {loads}."
 
 
+def tool_calls(doc: dict) -> str:
+    rows = [(mode, r.get("requests"), num(_pct(r.get("ok_share"))),
+             num(_pct(r.get("usable_share"))), num(_pct(r.get("tool_calls_finish_share"))),
+             num(_pct(r.get("right_tool_share"))), r.get("leaked"))
+            for mode, r in (doc.get("results") or {}).items()]
+    w = doc.get("workload") or {}
+    return (markdown(("tool_choice", "replies", "ok %", "usable %", "ends tool_calls %",
+                      "right tool %", "call text in content"), rows)
+            + f"\n\nGreedy, {w.get('max_tokens')} tokens at most, parallel_tool_calls "
+            "left on; ok: ends `tool_calls` with every call's arguments valid under its schema.")
+
+
+def _pct(share):
+    return None if share is None else 100 * share
+
+
 TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
           "overhead-compare": overhead_compare, "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
           "whatif": whatif, "structured": structured, "curve": curve,
-          "speculative": speculative, "memory": memory}
+          "speculative": speculative, "memory": memory, "tool_calls": tool_calls}

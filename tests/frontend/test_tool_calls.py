@@ -309,8 +309,12 @@ def test_a_reply_with_calls():
     plain = fmt.body([_tally("Just text.")])["choices"][0]
     assert plain == {"index": 0, "message": {"role": "assistant", "content": "Just text."},
                      "logprobs": None, "finish_reason": "stop"}
+    # cut inside a second call: the first is kept, nothing of the second is anywhere
     cut = fmt.body([_tally(hermes(NOW) + "\n<tool_call>\n{", "length")])["choices"][0]
     assert cut["finish_reason"] == "length"
+    assert cut["message"]["content"] is None and len(cut["message"]["tool_calls"]) == 1
+    alone = fmt.body([_tally('<tool_call>\n{"name": "ti', "length")])["choices"][0]
+    assert alone["message"] == {"role": "assistant", "content": ""}
 
 
 def test_call_ids_are_the_request_id_s_and_differ_by_choice_and_index():

@@ -33,8 +33,12 @@ HERMES_CASES = [
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
     ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
      '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', []),
-    ("<tool_call>{\"name\": \"f\", ", "<tool_call>{\"name\": \"f\", ", []),
-    ("a <tool_ca", "a <tool_ca", []),
+    # a call the reply ends inside of (cut at max_tokens) is dropped, never content
+    ("<tool_call>{\"name\": \"f\", ", None, []),
+    ('Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": "x', "Checking.\n", []),
+    (f'<tool_call>\n{GET}\n</tool_call>\n<tool_call>\n{{"name": "ti', None, [W]),
+    ("a <tool_ca", "a ", []),   # a tag cut off is a call cut off
+    ("a <", "a <", []),         # one character is no tag yet
     ("x < y and <tool> tags", "x < y and <tool> tags", []),
     # one good call among bad text: the bad block is content
     (f"<tool_call>oops</tool_call>\n<tool_call>{GET}</tool_call>",
@@ -51,7 +55,11 @@ LLAMA_CASES = [
     ('  {"name": "time", "arguments": {}}\n', None, [T]),
     ("The weather is fine.", "The weather is fine.", []),
     ('{"answer": 42}', '{"answer": 42}', []),
-    ('{"name": "time", "parameters": {', '{"name": "time", "parameters": {', []),
+    # a call cut off is dropped; unfinished JSON that is no call's start stays content
+    ('{"name": "time", "parameters": {', None, []),
+    ('{"name": "time", "parameters": {}}; {"name": "get_w', None, [T]),
+    ('<|python_tag|>{"na', None, []),
+    ('{"answer": [1, 2', '{"answer": [1, 2', []),
     ('{"name": "time", "parameters": {}} and more', " and more", [T]),
     ("", None, []),
     ("<|python_tag|>", None, []),
@@ -121,12 +129,14 @@ def test_call_of_reads_the_call_and_writes_compact_arguments():
 @pytest.mark.parametrize("depth", [70, 1100, 100_000])
 def test_hostile_nesting_is_content_not_a_crash(fmt, opening, depth):
     """Output forced to a call's opening then thousands of `[` (or arguments nested past the
-    JSON depth bound) reads as content, whole or streamed, and never raises."""
+    JSON depth bound) is no call, whole or streamed, and never raises: content where it
+    ends, dropped where the reply stops inside it."""
     text = opening + '{"name": "f", "arguments": ' + "[" * depth
     if depth == 70:   # parses, but nests past the bound
         text += "]" * depth + "}" + (CLOSE if fmt == HERMES else "")
     content, calls = parse(fmt, text)
-    assert calls == [] and content is not None and content.startswith(opening)
+    assert calls == []
+    assert content.startswith(opening) if depth == 70 else content is None
     s = stream_for(fmt)
     events = [e for chunk in (text[i:i + 500] for i in range(0, len(text), 500))
               for e in s.feed(chunk)] + s.finish()

@@ -1,0 +1,208 @@
+"""Constrained replies that finish (docs/structured.md, "Tool calls"): a tool's schema read
+as strict mode reads it (frontend/strict_schema.py), so constrained arguments close;
+`required` and a named function allow exactly as many calls as the request does, and the
+grammar then admits only EOS; `json_object` is a bounded grammar (frontend/bounded_json.py)
+that ends when the object closes (pure: llguidance over a byte vocabulary, no engine)."""
+from __future__ import annotations
+
+import json
+
+import llguidance
+import pytest
+
+from frontend import bounded_json as bj
+from frontend.http.tools import tool_ask
+from frontend.strict_schema import MAX_STRING, strict_parameters
+from frontend.structured import constraint_of
+from frontend.tool_grammar import MAX_PARALLEL_CALLS
+from frontend.tool_parsers import HERMES, LLAMA3
+from worker.grammar_text import byte_tokenizer, grammar_of
+
+EOS = 256   # byte_tokenizer()'s
+OPEN_WEATHER = {"type": "object", "properties": {          # no additionalProperties
+    "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city"]}
+
+
+def fn(name: str, **kw) -> dict:
+    return {"type": "function", "function": {"name": name, **kw}}
+
+
+def matcher(body: dict, fmt: str = HERMES):
+    grammar = tool_ask(body).structured_outputs(fmt)["grammar"]
+    m = llguidance.LLMatcher(byte_tokenizer(), llguidance.LLMatcher.grammar_from_lark(grammar),
+                             log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+def take(m, text: str) -> bool:
+    data = list(text.encode())
+    return m.try_consume_tokens(data) == len(data) and not m.is_error()
+
+
+def only_eos_next(m) -> bool:
+    """After what `m` consumed, EOS is the one token allowed."""
+    mask = m.compute_logit_bias()
+    return [i for i, b in enumerate(mask) if b] == [EOS]
+
+
+def hermes(n: int, call: dict) -> str:
+    return "\n".join(f"<tool_call>\n{json.dumps(call, separators=(',', ':'))}\n</tool_call>"
+                     for _ in range(n))
+
+
+PARIS = {"name": "weather", "arguments": {"city": "Paris"}}
+WEATHER = fn("weather", parameters=OPEN_WEATHER)
+
+
+# ------------------------------------------------------------------ the schema
+
+
+def test_named_property_objects_close_at_every_depth():
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "b": {"type": "array", "items": {"type": "object", "properties": {"y": {}}}},
+        "c": {"anyOf": [{"type": "object", "properties": {"z": {}}}, {"type": "null"}]},
+        "d": {"$ref": "#/$defs/D"}},
+        "$defs": {"D": {"type": "object", "properties": {"w": {}}}}}
+    given = json.dumps(schema)
+    s = strict_parameters(schema)
+    assert json.dumps(schema) == given   # the given schema is not changed
+    assert s["additionalProperties"] is False
+    assert s["properties"]["a"]["additionalProperties"] is False
+    assert s["properties"]["b"]["items"]["additionalProperties"] is False
+    assert s["properties"]["c"]["anyOf"][0]["additionalProperties"] is False
+    assert s["$defs"]["D"]["additionalProperties"] is False
+    assert "required" not in s   # required as given (none) without strict
+
+
+def test_what_the_schema_allows_stays_allowed():
+    free = {"type": "object"}
+    assert strict_parameters(free) == free   # names no properties: any object
+    opened = {"type": "object", "properties": {"a": {}},
+              "additionalProperties": {"type": "string", "maxLength": 3}}
+    assert strict_parameters(opened) == opened
+    patterned = {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}}
+    assert "additionalProperties" not in strict_parameters(patterned)
+    # allOf's branches are not closed (each would refuse the other's properties)
+    both = {"allOf": [{"type": "object", "properties": {"a": {}}},
+                      {"type": "object", "properties": {"b": {}}}]}
+    assert all("additionalProperties" not in b for b in strict_parameters(both)["allOf"])
+
+
+def test_an_unbounded_integer_is_held_to_the_safe_integers():
+    s = strict_parameters({"type": "object", "properties": {
+        "n": {"type": "integer"}, "k": {"type": "integer", "minimum": 1},
+        "x": {"type": "integer", "exclusiveMaximum": 10}}})["properties"]
+    big = 2**53 - 1
+    assert (s["n"]["minimum"], s["n"]["maximum"]) == (-big, big)
+    assert (s["k"]["minimum"], s["k"]["maximum"]) == (1, big)
+    assert s["x"]["minimum"] == -big and "maximum" not in s["x"]
+    timer = fn("timer", parameters={"type": "object", "properties": {
+        "minutes": {"type": "integer"}}, "required": ["minutes"]})
+    m = matcher({"tools": [timer], "tool_choice": "required"})
+    assert take(m, '<tool_call>\n{"name":"timer","arguments":{"minutes":' + str(big))
+    assert not take(m, "0")   # a 17th digit
+
+
+def test_an_unbounded_string_is_held_to_max_string_characters():
+    s = strict_parameters({"type": "object", "properties": {
+        "q": {"type": "string"}, "long": {"type": "string", "maxLength": 5000},
+        "day": {"type": "string", "pattern": "^[0-9]{4}$"}, "u": {"enum": ["a", "b"]}}})
+    p = s["properties"]
+    assert p["q"]["maxLength"] == MAX_STRING and p["long"]["maxLength"] == 5000
+    assert "maxLength" not in p["day"] and "maxLength" not in p["u"]
+    search = fn("search", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+    m = matcher({"tools": [search], "tool_choice": "required"})
+    assert take(m, '<tool_call>\n{"name":"search","arguments":{"q":"' + "ab" * (MAX_STRING // 2))
+    assert not take(m, "a") and take(m, '"}')   # the string must close
+
+
+def test_strict_true_requires_every_named_property():
+    s = strict_parameters(OPEN_WEATHER, all_required=True)
+    assert s["required"] == ["city", "unit"]
+    body = {"tools": [fn("weather", parameters=OPEN_WEATHER, strict=True)],
+            "tool_choice": "required", "parallel_tool_calls": False}
+    assert not take(matcher(body), hermes(1, PARIS))   # "unit" missing
+    full = {"name": "weather", "arguments": {"city": "Paris", "unit": "C"}}
+    assert take(matcher(body), hermes(1, full))
+
+
+def test_an_unnamed_property_is_refused_where_the_schema_does_not_allow_it():
+    body = {"tools": [WEATHER], "tool_choice": {"type": "function",
+                                                "function": {"name": "weather"}}}
+    m = matcher(body)
+    assert not take(m, '<tool_call>\n{"name":"weather","arguments":{"city":"Paris","type"')
+    m = matcher(body)
+    # after the last named property only the object's end may come
+    assert take(m, '<tool_call>\n{"name":"weather","arguments":{"city":"Paris","unit":"C"')
+    mask = m.compute_logit_bias()
+    assert [chr(i) for i, b in enumerate(mask) if b] == ["}"]
+
+
+# ------------------------------------------------------------------ how many calls
+
+
+@pytest.mark.parametrize("body", [
+    {"tool_choice": "required", "parallel_tool_calls": False},
+    {"tool_choice": {"type": "function", "function": {"name": "weather"}}},
+    {"tool_choice": {"type": "function", "function": {"name": "weather"}},
+     "parallel_tool_calls": True},
+], ids=["required-one", "named", "named-parallel"])
+def test_one_call_and_then_only_eos(body):
+    m = matcher({"tools": [WEATHER], **body})
+    assert take(m, hermes(1, PARIS)) and only_eos_next(m) is False   # a newline may end it
+    assert take(m, "\n") and only_eos_next(m)
+    assert not take(matcher({"tools": [WEATHER], **body}), hermes(2, PARIS))
+
+
+def test_parallel_calls_are_bounded_and_then_only_eos():
+    body = {"tools": [WEATHER], "tool_choice": "required"}   # parallel_tool_calls defaults on
+    for n in (1, 2, MAX_PARALLEL_CALLS):
+        m = matcher(body)
+        assert take(m, hermes(n, PARIS)), n
+        assert m.is_accepting()
+    m = matcher(body)
+    assert take(m, hermes(MAX_PARALLEL_CALLS, PARIS) + "\n") and only_eos_next(m)
+    assert not take(matcher(body), hermes(MAX_PARALLEL_CALLS + 1, PARIS))
+
+
+def test_llama3_calls_are_bounded_and_end_on_the_object():
+    body = {"tools": [WEATHER], "tool_choice": "required"}
+    call = json.dumps({"name": "weather", "parameters": {"city": "Paris"}},
+                      separators=(",", ":"))
+    m = matcher(body, LLAMA3)
+    assert take(m, "; ".join([call] * MAX_PARALLEL_CALLS)) and only_eos_next(m)
+    one = matcher({**body, "parallel_tool_calls": False}, LLAMA3)
+    assert take(one, call) and only_eos_next(one)
+
+
+# ------------------------------------------------------------------ json_object
+
+
+def json_object_matcher():
+    c = constraint_of({"type": "json_object"}, None)
+    assert c == constraint_of({"type": "json_schema", "json_schema": {"name": "any"}}, None)
+    return llguidance.LLMatcher(byte_tokenizer(), grammar_of(c), log_level=0)
+
+
+@pytest.mark.parametrize("text", [
+    "{}", '{"a":[1,2],"b":{"c":null},"d":"x\\n\\u00e9\\/","e":-0.25e-3,"f":true}',
+    '{"a":[' + ",".join(["1"] * bj.MAX_MEMBERS) + "]}",
+    "{" + '"a":{' * (bj.MAX_DEPTH - 1) + '"z":1' + "}" * bj.MAX_DEPTH,
+])
+def test_json_object_takes_objects_within_bounds_then_only_eos(text):
+    m = json_object_matcher()
+    assert take(m, text) and only_eos_next(m)
+
+
+@pytest.mark.parametrize("text", [
+    '{"a":[' + ",".join(["1"] * (bj.MAX_MEMBERS + 1)),                   # counting on
+    "{" + '"a":{' * bj.MAX_DEPTH,                                          # nesting on
+    '{"' + "k" * (bj.MAX_KEY + 1),                                          # a key running on
+    '{"a":"' + "x" * (bj.MAX_STRING + 1),                                   # a string running on
+    '{"a":1' + "0" * 16,                                                # a number running on
+    "[1]", '{"a":1} ', '{ "a":1}', '{"a":01}',
+])
+def test_json_object_refuses_what_would_run_on(text):
+    assert not take(json_object_matcher(), text)
