@@ -3,30 +3,7 @@
 JSONs predate _provenance.py) reads "unknown" or "-", never an error."""
 from __future__ import annotations
 
-import math
-
-UNKNOWN = "unknown"
-
-
-def num(v, fmt: str = ".1f") -> str:
-    if v is None or isinstance(v, str) or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    return format(v, fmt)
-
-
-def get(doc, *path):
-    """doc[path[0]][path[1]]..., or None where any step is missing."""
-    for k in path:
-        if not isinstance(doc, dict) or k not in doc:
-            return None
-        doc = doc[k]
-    return doc
-
-
-def markdown(header: tuple, rows: list[tuple]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
+from scripts.benchmarks._markdown import UNKNOWN, get, markdown, num  # noqa: F401 (rt.*)
 
 
 # ---------------------------------------------------------------- provenance
@@ -396,6 +373,7 @@ def _pct(share):
 
 
 TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": quality,
-          "overhead-compare": overhead_compare, "overhead": overhead, "prefix": prefix, "scale": scale, "invariant": invariant,
+          "overhead-compare": overhead_compare, "overhead": overhead, "prefix": prefix,
+          "scale": scale, "invariant": invariant,
           "whatif": whatif, "structured": structured, "curve": curve,
           "speculative": speculative, "memory": memory, "tool_calls": tool_calls}
