@@ -28,10 +28,16 @@ from worker.presets import PRESETS, cache_root
 
 LLAMA_CPP_PYTHON = "0.3.36"   # its sdist carries llama.cpp under vendor/llama.cpp
 GGUF = "0.19.0"   # the registry's gguf: reads GGUF here and brings the converter's deps
+# -march=native turns on ggml's AMX matmul where the CPU has AMX, but a virtual machine may
+# not let a process use the tiles (its first ldtilecfg is a general protection fault: what
+# llama-server died of on a Xeon here). The engine has no AMX path either: both sides run
+# the AVX-512 (or AVX2) code.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_CUDA=OFF",
                "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF",
                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_EXAMPLES=OFF"]
+               "-DLLAMA_BUILD_EXAMPLES=OFF", f"-DCMAKE_C_FLAGS={NO_AMX}",
+               f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
 
 
 def _say(msg: str) -> None:
@@ -51,9 +57,12 @@ def server_path() -> Path:
 
 
 def found(target: str = "llama-server") -> Path | None:
-    """The built tool (llama-server by default), or None (no build is attempted)."""
+    """The built tool (llama-server by default), or None (no build is attempted, or the
+    build was made with other flags)."""
     p = tool_path(target)
-    return p if p.is_file() and os.access(p, os.X_OK) else None
+    stamp = _flags_stamp(home() / "build")
+    current = stamp.is_file() and stamp.read_text() == "\n".join(CMAKE_FLAGS)
+    return p if current and p.is_file() and os.access(p, os.X_OK) else None
 
 
 @contextmanager
@@ -91,6 +100,21 @@ def _fetch_source(log: Path) -> None:
         os.rename(tree, home() / "src")
 
 
+def _flags_stamp(build: Path) -> Path:
+    return build / ".tl-cmake-flags"
+
+
+def _fresh_build_dir(build: Path) -> None:
+    """A build/ configured with other flags (an older harness's) is made again from
+    nothing: its tools would not be the ones these flags give."""
+    want = "\n".join(CMAKE_FLAGS)
+    stamp = _flags_stamp(build)
+    if build.exists() and (not stamp.is_file() or stamp.read_text() != want):
+        shutil.rmtree(build)
+    build.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(want)
+
+
 def ensure_server() -> Path:
     """The llama-server binary, built on first use (minutes: a progress line says so)."""
     return ensure_tool("llama-server")
@@ -113,6 +137,7 @@ def ensure_tool(target: str) -> Path:
             shutil.rmtree(home() / "src", ignore_errors=True)
             _fetch_source(log)
         src, build = home() / "src", home() / "build"
+        _fresh_build_dir(build)
         _run(["cmake", "-S", src, "-B", build, *CMAKE_FLAGS], log, "cmake configure")
         _run(["cmake", "--build", build, "--config", "Release", "--target", target,
               f"-j{jobs}"], log, "cmake build")

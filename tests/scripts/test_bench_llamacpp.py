@@ -253,3 +253,23 @@ def test_a_level_starts_on_a_settled_machine(monkeypatch):
     assert cs.settle(limit=0.5) == 0.4 and len(slept) == 2
     monkeypatch.setattr(cs.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
     assert cs.settle(limit=0.5, timeout=0) == 3.0
+
+
+def test_a_build_made_with_other_flags_is_not_found_and_is_made_again(tmp_path, monkeypatch):
+    """llama.cpp is built without AMX (a VM may fault on its first tile instruction); a
+    build/ configured by an older harness with other flags is not taken as built."""
+    monkeypatch.setattr(get, "home", lambda: tmp_path)
+    assert "-mno-amx-tile" in " ".join(get.CMAKE_FLAGS)
+    tool = tmp_path / "build" / "bin" / "llama-server"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert get.found() is None   # no stamp: made before the flags were recorded
+    get._fresh_build_dir(tmp_path / "build")
+    assert not tool.exists()     # wiped, to be built again with these flags
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert get.found() == tool
+    get._flags_stamp(tmp_path / "build").write_text("-DOTHER=ON")
+    assert get.found() is None
