@@ -1,4 +1,5 @@
-"""The gateway's aiohttp application: OpenAI's routes, vLLM's /tokenize and /detokenize,
+"""The gateway's aiohttp application: OpenAI's routes (the Responses API's in
+responses_api.py), vLLM's /tokenize and /detokenize,
 /health and /metrics.
 
 Every handler reaches the engine through the one AsyncClient in `Gateway`; every error
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from frontend.compile_check import CompileCheck
 from frontend.http.pool import ClientPool
 from frontend.http.auth import GUARD, Guard, require_key
 from frontend.http.chat import ChatTemplate
+from frontend.http.chat_render import render_chat
 from frontend.http.errors import ApiError
 from frontend.http.format import CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
@@ -27,7 +29,9 @@ from frontend.http.identity import identity
 from frontend.http.offload import Offload
 from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
-from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
+from frontend.http import responses_api
+from frontend.http.responses_store import ResponsesStore
+from frontend.http.schema import PRIORITY_HEADER, parse_completion, parse_priority
 from frontend.http.tokens import Tokens, detokenize, tokenize, tokenizer_info
 from frontend.http.tool_replies import chat_format
 
@@ -53,6 +57,7 @@ class Gateway:
     created: int
     body_timeout: float = BODY_TIMEOUT_S
     compiles: CompileCheck = field(default_factory=CompileCheck)   # the tools' schemas
+    responses: ResponsesStore = field(default_factory=ResponsesStore)   # /v1/responses' store
 
     def client_for(self, request: web.Request):
         """What carries this user's requests, counted under the cap (see ClientPool)."""
@@ -88,6 +93,8 @@ def make_app(gw: Gateway, guard: Guard | None = None) -> web.Application:
         app[GUARD] = guard
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/tokenize", tokenize_route)
     app.router.add_post("/detokenize", detokenize_route)
@@ -177,16 +184,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     body, priority = await _body(request)
-    # No max_tokens: run to the context limit (the engine ends such a request "length").
-    # rendered off the loop: the template is a program (render_bound.py)
-    gen = await gw.renders.run(identity(request), parse_chat, body, priority, gw.chat,
-                               gw.max_model_len, gw.max_model_len, gw.compiles)
-    if gen.forged is not None:   # tokenized here: the frontend would read them as control tokens
-        ids = await gw.offload.run(identity(request), gw.chat.ids, gen.forged,
-                                   gen.msg.add_special_tokens)
-        gen.msg = replace(gen.msg, prompt=ids)
+    gen = await render_chat(gw, identity(request), body, priority)
     return await generate(request, gw.client_for(request), gen,
                           chat_format(gw.model, gen, gw.tokens, gw.chat), gw.metrics)
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    body, priority = await _body(request)
+    return await responses_api.create(request, request.app[GATEWAY], body, priority)
+
+
+async def retrieve_response(request: web.Request) -> web.Response:
+    return responses_api.retrieve(request, request.app[GATEWAY])
 
 
 async def tokenize_route(request: web.Request) -> web.Response:

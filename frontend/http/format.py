@@ -13,6 +13,7 @@ engine "abort" never becomes one: the gateway answers it as a 503 instead (gener
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -69,6 +70,7 @@ class CompletionFormat:
     """Stateful per request: a stream's chunks must be made in the order they are sent."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
     prompt_logprobs_at_top = False   # vLLM: on each completions choice, once in a chat reply
+    done = b"data: [DONE]\n\n"      # a stream's last write
 
     def __init__(self, model: str, gen: GenRequest, tokens: Tokens | None = None):
         self.model, self.created = model, int(time.time())
@@ -84,6 +86,14 @@ class CompletionFormat:
         self._unsent = [True] * self.n                          # no chunk of choice i yet
         self._sent = 0                          # tokens in the chunks made so far
         self._finished = 0
+
+    def frame(self, event: dict) -> bytes:
+        """One Server-Sent Event of the stream."""
+        return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+    def failure(self, error_body: dict) -> dict:
+        """The event that tells a started stream it failed: OpenAI's error object."""
+        return error_body
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}

@@ -9,7 +9,6 @@ after the stream started is sent as an OpenAI error event (`data: {"error": ...}
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -75,30 +74,31 @@ async def _answer_sse(request: web.Request, fan: FanOut, early: list, tallies: l
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    for chunk in fmt.opening(tallies):
-        await _event(resp, chunk)
+    await _send(resp, fmt, fmt.opening(tallies))
     try:
         for i, d in early:
-            await _event(resp, fmt.chunk(tallies, i, d))
+            await _send(resp, fmt, fmt.chunk(tallies, i, d))
         while not _finished(tallies):
             i, d = await _next(fan, tallies, gen)
-            await _event(resp, fmt.chunk(tallies, i, d))
-        for chunk in fmt.closing(tallies):
-            await _event(resp, chunk)
+            await _send(resp, fmt, fmt.chunk(tallies, i, d))
+        await _send(resp, fmt, fmt.closing(tallies))
     except ApiError as e:
-        await _event(resp, e.body())
+        await _send(resp, fmt, fmt.failure(e.body()))
     except ConnectionError:   # the client left: nothing to tell it
         raise
     except Exception as e:  # noqa: BLE001  a stream that fails still ends as a stream
         log.warning("a streamed reply failed: %s: %.200s", type(e).__name__, e)
-        await _event(resp, ApiError(500, f"the reply could not be formed "
-                                         f"({type(e).__name__})").body())
-    await resp.write(b"data: [DONE]\n\n")
+        await _send(resp, fmt, fmt.failure(ApiError(500, f"the reply could not be formed "
+                                                         f"({type(e).__name__})").body()))
+    if fmt.done:
+        await resp.write(fmt.done)
     await resp.write_eof()
     return resp
 
 
-async def _event(resp: web.StreamResponse, obj: dict | None) -> None:
-    if obj is not None:
-        await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode()
-                         + b"\n\n")
+async def _send(resp: web.StreamResponse, fmt, events) -> None:
+    """`events`: one event, a list of them, or None (nothing to send); each framed by the
+    format (`data: {...}`, or a Responses `event:` line too)."""
+    for event in events if isinstance(events, list) else [events]:
+        if event is not None:
+            await resp.write(fmt.frame(event))

@@ -58,6 +58,7 @@ class GenRequest:
     # a chat whose user strings spell special tokens: msg.prompt must become its ids
     # (ChatTemplate.ids, off the loop) before it is sent
     forged: ChatPrompt | None = None
+    renames: dict | None = None   # a field's name in this body, where not chat's (responses)
 
     @property
     def batch(self) -> list:
@@ -70,7 +71,8 @@ class GenRequest:
 
     def param(self, field: str | None) -> str | None:
         """The body field a Generate field (an InvalidField's, an engine 400's) came from."""
-        return self.max_tokens_field if field == "max_tokens" else field
+        name = self.max_tokens_field if field == "max_tokens" else field
+        return (self.renames or {}).get(name, name)
 
     def client_kwargs(self, i: int = 0) -> dict:
         """Choice i's request as the arguments of AsyncClient.stream (make_generate's

@@ -3,7 +3,8 @@
 aiohttp (not FastAPI + uvicorn): one dependency that streams, cancels a handler whose client
 disconnected and drains in-flight requests on shutdown, on the asyncio loop AsyncClient uses.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
+Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses,
+GET /v1/responses/{id}, GET /v1/models, POST /tokenize,
 POST /detokenize, GET /tokenizer_info, /health, /metrics (frontend/http/app.py). A body
 must arrive within --body-timeout seconds (408 and the connection closes otherwise). Prints `READY
 http://HOST:PORT` on stdout once the engine answers stats(), the chat template is loaded
@@ -41,6 +42,7 @@ from frontend.http.chat import ChatTemplate
 from frontend.http.malloc_trim import HeapTrim
 from frontend.http.metrics import Metrics
 from frontend.http.render_bound import TemplateRefused
+from frontend.http.responses_store import ResponsesStore, add_store_args
 from frontend.torchless import forbid_torch
 
 log = logging.getLogger("http")
@@ -73,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allow-special-tokens", action="store_true",
                    help="a chat message's text that spells a special token of the model is "
                         "that control token (default: read as text; docs/security.md)")
+    add_store_args(p, "tl-responses.db", "made on first use; :memory: keeps them in memory")
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="WARNING")
@@ -136,7 +139,9 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
             log.warning("the tokenizer has no chat template: using a built-in ChatML one")
         gw = Gateway(client, args.model_name or stats["model"], stats["max_model_len"], chat,
                      Metrics(), int(time.time()), args.body_timeout,
-                     CompileCheck(args.max_compile_ms))
+                     CompileCheck(args.max_compile_ms),
+                     ResponsesStore(args.responses_store, args.responses_max,
+                                    args.responses_max_age))
         runner = web.AppRunner(make_app(gw, guard), handler_cancellation=True, access_log=None,
                                shutdown_timeout=args.drain_timeout)
         await runner.setup()
@@ -152,6 +157,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
             log.info("draining")
         finally:
             await runner.cleanup()  # stops listening, then awaits in-flight handlers
+            gw.responses.close()
         return 0
     finally:
         await client.close()
@@ -167,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
               file=sys.stderr)
         return 2
-    if args.body_timeout <= 0 or args.max_inflight_per_client < 1 or args.max_compile_ms < 1:
-        print("http: --body-timeout, --max-inflight-per-client and --max-compile-ms must be"
-              " > 0", file=sys.stderr)
+    if (args.body_timeout <= 0 or args.max_inflight_per_client < 1 or args.max_compile_ms < 1
+            or args.responses_max < 1 or args.responses_max_age <= 0):
+        print("http: --body-timeout, --max-inflight-per-client, --max-compile-ms,"
+              " --responses-max and --responses-max-age must be > 0", file=sys.stderr)
         return 2
     try:
         guard = guard_of(args)

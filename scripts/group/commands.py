@@ -114,9 +114,13 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
     return cmds if a.join else {**cmds, "frontend": frontend}
 
 
-def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[str]:
+def http_command(a: argparse.Namespace, frontend_addr: str, port: int,
+                 log: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "frontend.http", "--frontend", frontend_addr,
            "--host", a.http_host, "--port", str(port),
+           "--responses-store", responses_store(a, log),
+           "--responses-max", str(a.responses_max),
+           "--responses-max-age", str(a.responses_max_age),
            "--drain-timeout", str(a.drain_timeout),
            "--max-inflight-per-client", str(a.max_inflight_per_client),
            "--max-compile-ms", str(a.max_compile_ms)]
@@ -125,6 +129,17 @@ def http_command(a: argparse.Namespace, frontend_addr: str, port: int) -> list[s
     if a.allow_special_tokens:
         cmd.append("--allow-special-tokens")
     return cmd + (["--allow-remote"] if a.allow_remote else []) + curve_args(a)
+
+
+def responses_store(a: argparse.Namespace, log: str | None) -> str:
+    """The gateway's stored responses: --responses-store, else beside the step log
+    (steps.db -> steps.responses.db), else (--no-log) in memory."""
+    if a.responses_store:
+        return a.responses_store
+    if log is None:
+        return ":memory:"
+    stem, dot, suffix = log.rpartition(".")
+    return f"{stem}.responses.{suffix}" if dot and "/" not in suffix else log + ".responses"
 
 
 def curve_args(a: argparse.Namespace) -> list[str]:

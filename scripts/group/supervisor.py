@@ -37,6 +37,7 @@ from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from frontend.constraint_budget import DEFAULT_NEW_CONSTRAINTS_PER_S
 from frontend.http.api_keys import add_key_args
+from frontend.http.responses_store import add_store_args
 from scripts.group.gateway_keys import gateway_env
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
@@ -107,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
                            " default: no gateway)")
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
+    add_store_args(http, None, "default: beside the step log, <log>.responses.db; in memory"
+                               " with --no-log")
     security = p.add_argument_group("security")
     add_key_args(security)
     security.add_argument("--prefix-cache-scope", choices=SCOPES, default="global",
@@ -342,12 +345,12 @@ def supervise(group: Children, a, log, stop) -> int:
     group.cmds["frontend"][group.cmds["frontend"].index("--address") + 1] = addr
     http = None
     if a.http_port is not None:
-        group.cmds["http"] = http_command(a, addr, a.http_port)
+        group.cmds["http"] = http_command(a, addr, a.http_port, log)
         group.spawn("http")
         http = group.wait_ready(a.startup_timeout, "http")
         if http is None:
             return report_death(group, "before ready")
-        group.cmds["http"] = http_command(a, addr, urlsplit(http).port)
+        group.cmds["http"] = http_command(a, addr, urlsplit(http).port, log)
     print(f"ready {addr}", flush=True)
     if http:
         print(f"http {http}", flush=True)

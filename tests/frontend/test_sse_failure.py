@@ -10,10 +10,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from frontend.http import generate
+from frontend.http.format import CompletionFormat
 
 
-class _Failing:
-    """A reply format whose every chunk raises what hostile model output once did."""
+class _Failing(CompletionFormat):
+    """A reply format (framing its events as chat's and completions' do) whose every chunk
+    raises what hostile model output once did."""
+
+    def __init__(self):
+        pass
 
     def opening(self, tallies):
         return [{"opening": True}]
