@@ -12,7 +12,7 @@ import time
 from scripts import ROOT
 
 # serve's own variables that only the child given them in `env` may see
-PRIVATE_ENV = ("TL_API_KEY",)
+PRIVATE_ENV = ("TL_API_KEY", "TL_GROUP_SECRET")
 
 
 class Children:

@@ -36,7 +36,7 @@ from core.config import add_sched_args, spec_problem
 from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from frontend.http.api_keys import add_key_args
-from scripts.group.gateway_keys import gateway_env
+from scripts.group.gateway_keys import child_env, default_scope, gateway_env
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
                                     replica_log, replica_names, tcp_address)
 from scripts.group.procs import Children
@@ -104,10 +104,11 @@ def parser() -> argparse.ArgumentParser:
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
     security = p.add_argument_group("security")
     add_key_args(security)
-    security.add_argument("--prefix-cache-scope", choices=SCOPES, default="global",
+    security.add_argument("--prefix-cache-scope", choices=SCOPES, default=None,
                           help="which requests share prefix cache blocks: global (all, but a"
-                               " request's cache_salt), user (per user field), key (per API"
-                               " key) (docs/security.md)")
+                               " request's cache_salt), key (per API key or CURVE key), user"
+                               " (per user field within a key) (default: key with API keys,"
+                               " else global; docs/security.md)")
     security.add_argument("--allow-special-tokens", action="store_true",
                           help="a chat message's text that spells a special token of the model"
                                " is that control token (default: read as text; "
@@ -202,6 +203,7 @@ def main(argv=None) -> int:
     if why:
         print(f"serve: {why}", file=sys.stderr)
         return 2
+    a.prefix_cache_scope = default_scope(a, keys_env)
     stop = {"sig": None}
     signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
     signal.signal(signal.SIGINT, lambda s, f: stop.update(sig=s))
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
     ipc = tempfile.mkdtemp(prefix="tl-")
     cores = tuple(core for core, _ in replica_names(a.dp))
     group = Children(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"),
-                     env={"http": keys_env})
+                     env=child_env(keys_env))
     try:
         return (supervise_joined if a.join else supervise)(group, a, log, stop)
     finally:
