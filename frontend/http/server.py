@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyProblem as e:
         print(f"http: {e}", file=sys.stderr)
         return 2
-    die_with_parent(signal.SIGTERM)
+    # SIGKILL, not SIGTERM: a gateway whose loop is stuck never runs its SIGTERM handler
+    # (issue 50: a template bomb left it orphaned at 95% CPU after serve was killed)
+    die_with_parent()
     try:
         sock = bind(args.host, args.port)
     except OSError as e:

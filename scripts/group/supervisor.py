@@ -13,7 +13,10 @@ worker (the replica's own budget, a fresh log P.r{k}.{n}.db) while the frontend 
 requests again on the others.
 SIGINT/SIGTERM: the gateway drains first (in-flight HTTP requests finish), then the
 frontend (new requests get 503, running ones finish up to --drain-timeout), then core and
-worker are stopped.
+worker are stopped. A child still running --drain-timeout + 10 s after its SIGTERM (5 s for
+core and worker) gets SIGKILL, whatever it is doing; a second SIGINT/SIGTERM kills at once.
+Every child dies with serve (PR_SET_PDEATHSIG SIGKILL, core/ipc/lifeline.py), so even a
+serve killed with -9 leaves no orphan.
 """
 from __future__ import annotations
 
@@ -204,9 +207,12 @@ def main(argv=None) -> int:
         print(f"serve: {why}", file=sys.stderr)
         return 2
     a.prefix_cache_scope = default_scope(a, keys_env)
-    stop = {"sig": None}
-    signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
-    signal.signal(signal.SIGINT, lambda s, f: stop.update(sig=s))
+    stop = {"sig": None, "hurry": False}
+
+    def on_signal(sig, frame):   # the second one kills what the first is still waiting for
+        stop.update(hurry=stop["sig"] is not None, sig=sig)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     if a.node_rank > 0:
         return run_ranks(a, stop)
     log = None if a.no_log else (a.log or default_log())
@@ -214,6 +220,7 @@ def main(argv=None) -> int:
     cores = tuple(core for core, _ in replica_names(a.dp))
     group = Children(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"),
                      env=child_env(keys_env))
+    group.hurried = lambda: stop["hurry"]
     try:
         return (supervise_joined if a.join else supervise)(group, a, log, stop)
     finally:
@@ -281,6 +288,7 @@ def run_ranks(a, stop) -> int:
     group on node 0 is restarting (a rank's death fails rank 0's next collective, and rank
     0's death fails every rank's), so all of them start again and meet the new rank 0."""
     group = Children(rank_commands(a), piped=())
+    group.hurried = lambda: stop["hurry"]
     try:
         print(f"ready node {a.node_rank} ranks {','.join(n[4:] for n in group.procs)} "
               f"{a.dist_init}", flush=True)
