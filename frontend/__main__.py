@@ -16,6 +16,7 @@ import zmq
 from core.ipc.channel import is_loopback
 from core.ipc.curve import CurveKeyError, bind_problem
 from core.ipc.lifeline import die_with_parent, exit_now
+from frontend.caller import group_secret
 from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                                      args.max_frame_bytes, args.drain_timeout,
                                      args.max_inflight_per_client, args.replica_address,
                                      args.max_compile_ms, args.prefix_cache_scope,
-                                     args.curve, args.new_constraints_per_s))
+                                     args.curve, args.new_constraints_per_s,
+                                     group_secret()))
     except CurveKeyError as e:
         print(f"frontend: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
@@ -25,6 +25,7 @@ from core.ipc.protocol import (DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES, Abort, 
                                ModelInfo, Ping, Pong, ProtocolError, Stats)
 from core.ipc.wire import peek_request_id
 from frontend.cache_salt import salt_digest
+from frontend.caller import identity
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.constraint_budget import DEFAULT_NEW_CONSTRAINTS_PER_S, ConstraintBudget
 from core.ipc.curve import CLIENT_DOMAIN, REPLICA_DOMAIN
@@ -69,6 +70,8 @@ class FrontendConfig:
     curve: str | None = None   # the key directory (core/ipc/curve.py): CURVE on both ROUTERs
     # new constraints a client may have compiled a second (frontend/constraint_budget.py)
     new_constraints_per_s: float = DEFAULT_NEW_CONSTRAINTS_PER_S
+    # the group's secret the gateway signs key_hash with (frontend/caller.py); never logged
+    group_secret: bytes | None = field(default=None, repr=False)
 
 
 class Frontend(CoreSide, PromptSide):
@@ -260,25 +263,29 @@ class Frontend(CoreSide, PromptSide):
                                "(--max-inflight-per-client)")
         try:
             check_params(msg, self.info)
+            # who sent it, while the router still holds this message's frame (its User-Id)
+            salt = salt_digest(msg, self.cfg.prefix_cache_scope,
+                               identity(msg, self.router.last_frame, self.cfg.group_secret))
             # its shape and size here; compiled off the loop (docs/structured.md)
             constrained = constraint_of(msg.response_format, msg.structured_outputs) is not None
             fit = msg.max_tokens if msg.max_tokens_must_fit else None
             if isinstance(msg.prompt, str):   # tokenized off the loop, then _on_tokenized
                 check_prompt_text(self.tokenizer.bound, msg.prompt, self.info.max_model_len, fit)
-                return self.tokenizing.submit(ident, msg)
+                return self.tokenizing.submit(ident, msg, salt)
             check_prompt_ids(msg.prompt, self.info, fit)
             if constrained:
-                return self.tokenizing.submit(ident, msg)
+                return self.tokenizing.submit(ident, msg, salt)
         except InvalidField as e:
             return self._error(ident, msg.request_id, e.code, str(e), e.field)
-        self._admit(ident, msg, msg.prompt)
+        self._admit(ident, msg, msg.prompt, salt)
 
-    def _admit(self, ident: bytes, msg: Generate, ids) -> None:
+    def _admit(self, ident: bytes, msg: Generate, ids, salt: str | None) -> None:
+        """`salt`: the digest of its salts (frontend/cache_salt.py), taken on arrival."""
         st = self._state(ident, msg, ids)
         seed = failover_seed(msg, ident) if self.several else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
                             sampling_of(msg, seed), msg.ignore_eos, msg.user,
-                            msg.key_hash, salt_digest(msg, self.cfg.prefix_cache_scope))
+                            msg.key_hash, salt)
         if not self._dispatch(st):
             return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
         self.inflight.add(st)

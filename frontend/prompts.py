@@ -48,7 +48,7 @@ class PromptSide:
             elif self.core_dead:
                 self._error(job.ident, rid, 503, CORE_DIED)
             else:   # accepted before a drain began: in flight, as the drain lets finish
-                self._admit(job.ident, job.msg, job.ids)
+                self._admit(job.ident, job.msg, job.ids, job.salt)
 
     def _abort_pending(self, jobs: list[Job | None]) -> None:
         """Each cancelled job's final reply, as an aborted request's (no tokens yet)."""

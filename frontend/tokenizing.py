@@ -43,6 +43,7 @@ class Job:
     msg: Generate
     ids: list[int] | None = None
     error: Exception | None = None   # InvalidField (a 400) or what the tokenizer raised
+    salt: str | None = None          # the digest of its salts, taken on arrival (cache_salt.py)
 
     @property
     def key(self) -> tuple[bytes, str]:
@@ -68,8 +69,8 @@ class TokenizeQueue:
 
     # ------------------------------------------------------------ the loop's side
 
-    def submit(self, ident: bytes, msg: Generate) -> None:
-        job = Job(ident, msg)
+    def submit(self, ident: bytes, msg: Generate, salt: str | None = None) -> None:
+        job = Job(ident, msg, salt=salt)
         self._jobs[job.key] = job
         self._per_client[ident] = self._per_client.get(ident, 0) + 1
         with self._cv:

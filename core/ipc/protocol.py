@@ -136,6 +136,9 @@ class Generate:
     # False: never verified with drafts (docs/design/scheduler.md, "Speculative decoding")
     speculative: bool = True
     wire: int = 1                 # the client's wire version (WIRE); absent: 1
+    # the gateway's HMAC over request_id and key_hash (frontend/caller.py): a key_hash
+    # without it is refused, so no client names another's key
+    key_proof: str | None = None
 
 
 @message("abort")

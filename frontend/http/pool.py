@@ -17,7 +17,8 @@ import time
 from contextlib import aclosing
 from typing import AsyncIterator
 
-from core.ipc.protocol import Delta
+from core.ipc.protocol import Delta, Generate
+from frontend.caller import sign
 from frontend.client.aio import AsyncClient
 from frontend.http.errors import ApiError
 
@@ -27,8 +28,9 @@ DEFAULT_CAP = 1024   # the frontend's --max-inflight-per-client default
 
 class ClientPool:
     def __init__(self, address: str, timeout: float, cap: int = DEFAULT_CAP,
-                 keys: dict | None = None):
+                 keys: dict | None = None, secret: bytes | None = None):
         self.address, self.timeout, self.cap = address, timeout, cap
+        self._secret = secret   # the group's: signs each request's key_hash (frontend/caller.py)
         # AsyncClient's server_key and client_key (with --curve: the operator's pair)
         self._keys = keys or {}
         self._members: list[AsyncClient] = []
@@ -60,7 +62,8 @@ class ClientPool:
         to the loop, so the member's count includes it before anyone else looks."""
         client = next((c for c in self._members if c.inflight < self.cap), None)
         if client is None:
-            client = AsyncClient(self.address, timeout=self.timeout, **self._keys)
+            client = SigningClient(self.address, self._secret, timeout=self.timeout,
+                                   **self._keys)
             self._members.append(client)
         self._used[client] = time.monotonic()
         return client
@@ -84,6 +87,18 @@ class ClientPool:
 
     def __len__(self) -> int:
         return len(self._members)
+
+
+class SigningClient(AsyncClient):
+    """An AsyncClient whose requests carry the gateway's proof of their key_hash: the
+    frontend refuses a key_hash without it (frontend/caller.py)."""
+
+    def __init__(self, address: str, secret: bytes | None, **kw):
+        super().__init__(address, **kw)
+        self._secret = secret
+
+    def _stream(self, msg: Generate) -> AsyncIterator[Delta]:
+        return super()._stream(sign(msg, self._secret))
 
 
 class UserClient:

@@ -82,7 +82,7 @@ class GenRequest:
         place in the batch."""
         p, j = divmod(i, self.n)
         kw = asdict(self.msg)
-        del kw["wire"]   # the client's to set, not the caller's
+        del kw["wire"], kw["key_proof"]   # the client's to set, not the caller's
         kw["prompt"] = self.batch[p]
         if self.choices > 1:
             kw["request_id"] = f"{self.msg.request_id}-{i}"

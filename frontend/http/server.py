@@ -31,6 +31,7 @@ from aiohttp import web
 from core.ipc.channel import is_loopback_host
 from core.ipc.curve import CurveKeyError, load_peer
 from core.ipc.lifeline import die_with_parent
+from frontend.caller import GROUP_SECRET_ENV, group_secret
 from frontend.client import ClientError
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS, CompileCheck
 from frontend.http.pool import DEFAULT_CAP, ClientPool
@@ -129,8 +130,12 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    secret = group_secret()
+    if guard is not None and secret is None:
+        log.warning("%s is not set: the frontend cannot tell API keys apart (their requests "
+                    "are anonymous to it; scripts/serve sets it)", GROUP_SECRET_ENV)
     client = ClientPool(args.frontend, args.request_timeout, args.max_inflight_per_client,
-                        operator_keys(args.curve))
+                        operator_keys(args.curve), secret)
     try:
         stats = await wait_for_engine(client, args.startup_timeout)
         chat = await loop.run_in_executor(None, ChatTemplate.load, stats["tokenizer"],
@@ -183,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyProblem as e:
         print(f"http: {e}", file=sys.stderr)
         return 2
-    die_with_parent(signal.SIGTERM)
+    # SIGKILL, not SIGTERM: a gateway whose loop is stuck never runs its SIGTERM handler
+    # (issue 50: a template bomb left it orphaned at 95% CPU after serve was killed)
+    die_with_parent()
     try:
         sock = bind(args.host, args.port)
     except OSError as e:

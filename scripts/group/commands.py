@@ -103,7 +103,8 @@ def commands(a: argparse.Namespace, ipc: str, log: str | None) -> dict[str, list
                  "--max-inflight-per-client", str(a.max_inflight_per_client),
                  "--max-compile-ms", str(a.max_compile_ms),
                  "--new-constraints-per-s", str(a.new_constraints_per_s),
-                 "--prefix-cache-scope", a.prefix_cache_scope]
+                 # unset only before main() picks the default (gateway_keys.default_scope)
+                 "--prefix-cache-scope", a.prefix_cache_scope or "global"]
     if a.allow_remote:
         frontend.append("--allow-remote")
     if a.insecure_remote:

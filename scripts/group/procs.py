@@ -12,7 +12,8 @@ import time
 from scripts import ROOT
 
 # serve's own variables that only the child given them in `env` may see
-PRIVATE_ENV = ("TL_API_KEY",)
+PRIVATE_ENV = ("TL_API_KEY", "TL_GROUP_SECRET")
+STOP_POLL_S = 0.05   # how often a stop looks whether it was hurried
 
 
 class Children:
@@ -22,6 +23,7 @@ class Children:
         # env: variables one child alone gets (the gateway's API keys, never on argv)
         self.env = env or {}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.hurried = lambda: False   # serve's: a second stop signal skips the grace
         for name in cmds:   # cores and workers, then the frontend
             self.spawn(name)
 
@@ -76,14 +78,20 @@ class Children:
         return [n for n in self.procs if n.startswith(("core", "worker"))]
 
     def stop(self, names=None, grace: float = 5.0) -> None:
+        """SIGTERM to each of `names`, then SIGKILL to whichever still runs after `grace`
+        seconds (or at once when `hurried()` turns true: serve's second SIGTERM/SIGINT), so a
+        child ends whatever it is doing: stuck, stopped or ignoring SIGTERM."""
         names = names or ("http", "frontend", *self.engines())
         names = [n for n in names if n in self.procs]
         self.terminate(names)
         deadline = time.monotonic() + grace
         for name in names:
             p = self.procs[name]
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            while p.poll() is None and time.monotonic() < deadline and not self.hurried():
+                try:
+                    p.wait(min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    pass
+            if p.poll() is None:
                 p.kill()
                 p.wait()

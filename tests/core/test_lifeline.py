@@ -87,3 +87,54 @@ def test_exit_now_keeps_the_exit_code_and_everything_written():
                        timeout=60, env=env)
     assert (r.returncode, r.stdout) == (3, "to stdout")
     assert r.stderr.split() == ["to", "stderr", "logged"]
+
+
+# a parent that starts a child stuck in a busy loop ignoring SIGTERM (as a gateway blocked
+# in its event loop is), the child asking for `sys.argv[1]` at its parent's death
+ORPHAN_PARENT = """
+import subprocess, sys, time
+CHILD = '''
+import signal, sys
+from core.ipc.lifeline import die_with_parent
+die_with_parent(*([] if sys.argv[1] == "default" else [signal.SIGTERM]))
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("child", __import__("os").getpid(), flush=True)
+while True:
+    pass
+'''
+subprocess.Popen([sys.executable, "-c", CHILD, sys.argv[1]])
+time.sleep(600)
+"""
+
+
+def stuck_child_of_a_killed_parent(how: str) -> int:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT, how], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline().split()[1])
+    finally:
+        parent.kill()
+        parent.wait()
+    return child
+
+
+def test_a_stuck_child_dies_with_its_parent():
+    """die_with_parent's default is SIGKILL: what every child of serve asks for."""
+    from core.ipc.lifeline import pid_alive
+    child = stuck_child_of_a_killed_parent("default")
+    deadline = time.monotonic() + 10
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child)
+
+
+def test_sigterm_at_the_parents_death_leaves_a_stuck_child_running():
+    """Why not SIGTERM: the stuck child never acts on it (the gateway left orphaned)."""
+    from core.ipc.lifeline import pid_alive
+    child = stuck_child_of_a_killed_parent("sigterm")
+    try:
+        time.sleep(1.0)
+        assert pid_alive(child)
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -23,7 +23,9 @@ from scripts import ROOT
 from scripts.group.harness import start_group
 from tests.conftest import verify_log
 from tests.frontend.test_http import http, start_gateway, stop_gateway
-from tests.group.test_cache_isolation import assert_isolated, http_sender
+from core.ipc.protocol import WIRE, Generate, encode
+from tests.group.test_cache_isolation import BLOCK, PIN, assert_isolated, http_sender, note
+from tests.group.test_hostile_values import exchange
 from tests.waiting import wait_until
 
 KEY_FLAG, KEY_FILE, KEY_ENV = (f"tl-{name}-{secrets.token_urlsafe(18)}"
@@ -50,7 +52,7 @@ def keyed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("keyed")
     (tmp / "keys").write_text(f"# the file's key\n\n  {KEY_FILE}  \n# {KEY_FLAG}x\n")
     g = start_group(tmp, ["--http-port", "0", "--api-key", KEY_FLAG,
-                          "--api-key-file", str(tmp / "keys"), "--prefix-cache-scope", "key"],
+                          "--api-key-file", str(tmp / "keys")],   # scope: key, the default
                     env={"TL_API_KEY": KEY_ENV})
     try:
         yield g
@@ -111,6 +113,31 @@ def test_another_key_learns_nothing_under_scope_key(keyed):
                     "Per key.")
 
 
+def test_with_keys_the_default_scope_is_per_key(keyed):
+    argv = Path(f"/proc/{keyed.pid_of('-m frontend --')}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--prefix-cache-scope") + 1] == b"key"
+
+
+def test_a_zmq_client_cannot_claim_a_key(keyed):
+    """A ZeroMQ client that sends a key's short hash, bare or with a forged proof, gets a
+    400 naming key_hash (frontend/caller.py); as the anonymous client it is, it finds none
+    of the key's blocks, while the key itself still does."""
+    prompt = note("Claimed.", PIN)
+    victim = http_sender(keyed, bearer(KEY_FLAG))
+    assert victim(prompt) == 0
+    with Client(keyed.address, timeout=30) as c:
+        with pytest.raises(ClientError) as e:
+            c.generate(prompt, max_tokens=2, key_hash=short(KEY_FLAG))
+        assert e.value.code == 400 and e.value.param == "key_hash", e.value
+        for proof in ("0" * 64, hashlib.sha256(b"guess").hexdigest()):
+            forged = Generate("forged", prompt, max_tokens=2, key_hash=short(KEY_FLAG),
+                              key_proof=proof, wire=WIRE)
+            (reply,) = exchange(keyed, encode(forged), "forged")
+            assert (reply["t"], reply["code"], reply["param"]) == ("error", 400, "key_hash")
+        assert c.generate(prompt, max_tokens=2).cached_tokens == 0
+    assert victim(prompt) >= BLOCK
+
+
 def test_health_and_metrics_stay_open_by_default(keyed):
     assert http("GET", keyed.http + "/health")[0] == 200
     assert http("GET", keyed.http + "/metrics")[0] == 200
@@ -162,8 +189,11 @@ def test_keys_never_leave_in_logs_argv_or_metrics(keyed, protected):
     assert "frontend.http" in argv
     for needle, holds in (("-m frontend.http", True), ("-m frontend --", False),
                           ("-m core", False), ("-m worker", False)):
-        environ = Path(f"/proc/{keyed.pid_of(needle)}/environ").read_bytes()
-        assert (b"\0TL_API_KEY=" in b"\0" + environ) == holds, needle
+        environ = b"\0" + Path(f"/proc/{keyed.pid_of(needle)}/environ").read_bytes()
+        assert (b"\0TL_API_KEY=" in environ) == holds, needle
+        # the group's secret: the gateway's and the frontend's alone (frontend/caller.py)
+        signs = needle in ("-m frontend.http", "-m frontend --")
+        assert (b"\0TL_GROUP_SECRET=" in environ) == signs, needle
     for where, text in texts.items():
         for key in KEYS:
             assert key not in text, f"a key in the {where}"

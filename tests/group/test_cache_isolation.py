@@ -3,9 +3,12 @@ isolation"): a victim's prompt holds a PIN; a second tenant sends guesses and re
 cached_tokens. Under its own salt (an explicit cache_salt, or its user under
 --prefix-cache-scope user) every guess finds the same count, so none reveals the PIN,
 while the victim's own salt still shares the victim's blocks. One group for the module;
-its step log must verify at teardown (the group fixture), so replay reproduces the hits."""
+its step log must verify at teardown (the group fixture), so replay reproduces the hits.
+The group has two API keys: under `user` the field only subdivides a key, so another key
+that sends the same `user` finds nothing (frontend/caller.py)."""
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +21,8 @@ from tests.frontend.test_http import http
 from tests.waiting import wait_until
 
 GROUP_ARGS = ["--http-port", "0", "--prefix-cache-scope", "user"]
+KEY_A, KEY_B = (f"tl-{who}-{secrets.token_urlsafe(12)}" for who in ("a", "b"))
+GROUP_ENV = {"TL_API_KEY": f"{KEY_A}\n{KEY_B}"}
 BLOCK = 16   # serve's default --block-size: the victim's tail spans several blocks
 PIN = "4821"
 # distinct first digits: no guess shares a block holding part of the PIN with an earlier
@@ -43,6 +48,10 @@ def probe(send, head: str) -> list[int]:
 def client(group):
     with Client(group.address, timeout=60) as c:
         yield c
+
+
+def bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def zmq_sender(client: Client, **kw):
@@ -89,8 +98,25 @@ def test_another_salt_finds_nothing_of_the_exact_prompt_and_the_same_salt_hits(c
 
 
 def test_another_cache_salt_learns_nothing_over_http(group):
-    assert_isolated(http_sender(group, cache_salt="tenant-victim"),
-                    http_sender(group, cache_salt="tenant-attacker"), "Salted HTTP.")
+    assert_isolated(http_sender(group, bearer(KEY_A), cache_salt="tenant-victim"),
+                    http_sender(group, bearer(KEY_A), cache_salt="tenant-attacker"),
+                    "Salted HTTP.")
+
+
+def test_the_same_user_under_another_key_learns_nothing(group):
+    assert_isolated(http_sender(group, bearer(KEY_A), user="alice"),
+                    http_sender(group, bearer(KEY_B), user="alice"), "Same user, two keys.")
+
+
+def test_who_claims_a_user_finds_none_of_its_prompt(group, client):
+    """The issue's attack: another key, or a ZeroMQ client, that sends `user: "alice"` reads
+    cached_tokens 0 for alice's exact prompt; alice's own key still hits it."""
+    prompt = note("Alice's.", PIN)
+    alice = http_sender(group, bearer(KEY_A), user="alice")
+    assert alice(prompt) == 0
+    assert http_sender(group, bearer(KEY_B), user="alice")(prompt) == 0
+    assert zmq_sender(client, user="alice")(prompt) == 0
+    assert alice(prompt) >= BLOCK
 
 
 def test_equal_salts_share_and_the_log_holds_only_a_digest(client, group):
@@ -108,7 +134,8 @@ def test_equal_salts_share_and_the_log_holds_only_a_digest(client, group):
                                          ({"cache_salt": 7}, "cache_salt")])
 def test_a_bad_salt_is_a_400_naming_it(group, client, body, param):
     status, _, reply = http("POST", f"{group.http}/v1/chat/completions",
-                            {"messages": [{"role": "user", "content": "hi"}], **body})
+                            {"messages": [{"role": "user", "content": "hi"}], **body},
+                            bearer(KEY_A))
     assert status == 400 and reply["error"]["param"] == param, reply
     if isinstance(body["cache_salt"], str):
         with pytest.raises(ClientError) as e:

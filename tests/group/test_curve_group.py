@@ -1,6 +1,7 @@
 """scripts/serve --curve DIR as a whole group on the null model: serve passes the keys on,
 so a listed client streams, the gateway (the operator's key) answers /health and /metrics
-and its completions, and a plain client gets nothing (docs/security.md, "CurveZMQ")."""
+and its completions, and a plain client gets nothing (docs/security.md, "CurveZMQ"). Under
+--prefix-cache-scope user each CURVE key is an identity of its own (frontend/caller.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -21,10 +22,11 @@ from tests.waiting import wait_until
 def curved_group(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("curve-group")
     keys = tmp / "keys"
-    assert keygen.main([str(keys)]) == 0
+    assert keygen.main([str(keys), "--clients", "2"]) == 0
     where = f"tcp://127.0.0.1:{free_port()}"
     g = start_group(tmp, ["--model", "null", "--curve", str(keys), "--http-port", "0",
-                          "--replica-address", where], log=False)
+                          "--replica-address", where, "--prefix-cache-scope", "user"],
+                    log=False)
     try:
         yield g, keys, where
     finally:
@@ -59,6 +61,25 @@ def test_the_gateway_talks_to_a_curve_frontend_as_the_operator(curved_group):
                            {"prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True})
     assert status == 200, body
     assert body["usage"]["completion_tokens"] == 3
+
+
+def listed(g, keys, name: str) -> Client:
+    return Client(g.address, timeout=30, server_key=str(keys / "server.key"),
+                  client_key=str(keys / "clients" / f"{name}.key_secret"))
+
+
+def test_each_curve_key_has_its_own_cache_whatever_user_it_names(curved_group):
+    """client1 naming client0's user finds none of client0's prompt; client0 still hits
+    its own. The identity is the key the ZAP handler admitted (the frame's User-Id)."""
+    g, keys, _ = curved_group
+    prompt = list(range(100, 164))   # four whole blocks of serve's default 16
+    with listed(g, keys, "client0") as c0, listed(g, keys, "client1") as c1:
+        def send(c, **kw):
+            return c.generate(prompt, max_tokens=2, ignore_eos=True, **kw).cached_tokens
+        assert send(c0, user="alice") == 0
+        assert send(c1, user="alice") == 0
+        assert send(c1) == 0
+        assert send(c0, user="alice") >= 16
 
 
 def operator(g, keys) -> Client:

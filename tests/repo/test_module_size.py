@@ -12,8 +12,6 @@ LARGER = {
                            " would spread one object's state over files"),
     "core/ipc/protocol.py": (520, "every message type on every socket in one typed module,"
                                   " with its one encoder/decoder"),
-    "scripts/group/supervisor.py": (440, "scripts/serve's options and its supervision loop;"
-                                         " to split: the options into their own module"),
     "tests/frontend/test_http.py": (420, "the gateway's end-to-end tests over one shared group"),
 }
 
