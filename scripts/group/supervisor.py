@@ -35,6 +35,7 @@ from core.ipc.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_FRAME_BYTES
 from core.config import add_sched_args, spec_problem
 from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
+from frontend.http.origins import parse_origins
 from frontend.http.api_keys import add_key_args
 from scripts.group.gateway_keys import gateway_env
 from scripts.group.commands import (commands, default_log, http_command, rank_commands,
@@ -102,6 +103,14 @@ def parser() -> argparse.ArgumentParser:
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
                            " default: no gateway)")
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
+    http.add_argument("--served-model-name", default=None, metavar="NAME",
+                      help="the model's name on the HTTP API (/v1/models, replies), which"
+                           " requests must then name (404 otherwise); e.g. the Hub id whose"
+                           " tokenizer guidellm and lm-eval should load (default: --model, any"
+                           " name accepted)")
+    http.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
+                      help="comma-separated browser origins (scheme://host[:port], or *) the"
+                           " gateway answers with CORS headers and preflights (default: none)")
     security = p.add_argument_group("security")
     add_key_args(security)
     security.add_argument("--prefix-cache-scope", choices=SCOPES, default="global",
@@ -161,6 +170,10 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--nnodes over 1 needs --dist-init tcp://HOST:PORT, and --dp 1")
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    try:
+        parse_origins(a.allowed_origins)
+    except ValueError as e:
+        p.error(str(e))
     if a.max_compile_ms < 1:
         p.error(f"--max-compile-ms must be at least 1, not {a.max_compile_ms}")
     if why := threads_problem(a.threads, cores()):
