@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
               file=sys.stderr)
         return 2
+    if args.model_name is not None and not args.model_name.strip():
+        print("http: --served-model-name must not be empty", file=sys.stderr)
+        return 2
     if args.body_timeout <= 0 or args.max_inflight_per_client < 1 or args.max_compile_ms < 1:
         print("http: --body-timeout, --max-inflight-per-client and --max-compile-ms must be"
               " > 0", file=sys.stderr)

@@ -170,6 +170,8 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--nnodes over 1 needs --dist-init tcp://HOST:PORT, and --dp 1")
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    if a.served_model_name is not None and not a.served_model_name.strip():
+        p.error("--served-model-name must not be empty")
     try:
         parse_origins(a.allowed_origins)
     except ValueError as e:

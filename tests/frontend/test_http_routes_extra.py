@@ -185,3 +185,17 @@ def test_serve_passes_the_name_and_origins_to_the_gateway():
     cmd = http_command(parser().parse_args(["--http-port", "0"]), "tcp://x:1", 0)
     args = parse_args(cmd[cmd.index("frontend.http") + 1:])
     assert (args.model_name, args.allowed_origins) == (None, None)
+
+
+@pytest.mark.parametrize("flags", [["--served-model-name", " "], ["--allowed-origins", "nope"]])
+def test_serve_and_the_gateway_refuse_a_bad_name_or_origin_before_starting(flags, capsys):
+    import subprocess
+    import sys
+    from scripts.group.supervisor import parse
+    with pytest.raises(SystemExit) as e:
+        parse(["--http-port", "0", *flags])
+    assert e.value.code == 2 and flags[0] in capsys.readouterr().err
+    r = subprocess.run([sys.executable, "-m", "frontend.http", "--frontend", "tcp://127.0.0.1:1",
+                        "--port", "0", *flags], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    assert r.returncode == 2 and flags[0] in r.stderr, r.stderr
