@@ -12,6 +12,8 @@ import json
 from collections.abc import Callable
 
 from frontend.http.errors import ApiError
+from frontend.http.chat_options import FIELDS as CHAT_OPTIONS
+from frontend.http.guided import ALIASES
 
 # OpenAI's fields both endpoints honour, then vLLM's extras this server honours.
 _COMMON = {"model", "n", "stream", "stream_options", "temperature", "top_p", "seed", "stop",
@@ -19,10 +21,10 @@ _COMMON = {"model", "n", "stream", "stream_options", "temperature", "top_p", "se
            "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
            "include_stop_str_in_output", "skip_special_tokens", "ignore_eos",
            "add_special_tokens", "priority", "response_format", "structured_outputs",
-           "cache_salt", "speculative"}
+           "cache_salt", "speculative", *ALIASES}
 COMPLETION = frozenset(_COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix",
                                   "prompt_logprobs"})
-CHAT = frozenset(_COMMON | {"prompt_logprobs",
+CHAT = frozenset(_COMMON | {"prompt_logprobs", *CHAT_OPTIONS,
     "messages", "logprobs", "top_logprobs", "max_completion_tokens", "tools", "functions",
     "tool_choice", "function_call", "parallel_tool_calls", "audio",
     "modalities", "prediction", "store", "metadata", "service_tier", "reasoning_effort",

@@ -1,6 +1,5 @@
 """The gateway's aiohttp application: OpenAI's routes (the Responses API's in
-responses_api.py), vLLM's /tokenize and /detokenize,
-/health and /metrics.
+responses_api.py), vLLM's /tokenize, /detokenize and /version, /health and /metrics.
 
 Every handler reaches the engine through the one AsyncClient in `Gateway`; every error
 leaves in OpenAI's format ({"error": {message, type, param, code}}).
@@ -20,6 +19,7 @@ from frontend.client.common import ClientError
 from frontend.compile_check import CompileCheck
 from frontend.http.pool import ClientPool
 from frontend.http.auth import GUARD, Guard, require_key
+from frontend.http import cors
 from frontend.http.chat import ChatTemplate
 from frontend.http.chat_render import render_chat
 from frontend.http.errors import ApiError
@@ -30,10 +30,12 @@ from frontend.http.offload import Offload
 from frontend.http.jsonbody import BODY, parse_json
 from frontend.http.metrics import Metrics
 from frontend.http import responses_api
+from frontend.http.models import ServedModel
 from frontend.http.responses_store import ResponsesStore
-from frontend.http.schema import PRIORITY_HEADER, parse_completion, parse_priority
+from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
 from frontend.http.tokens import Tokens, detokenize, tokenize, tokenizer_info
 from frontend.http.tool_replies import chat_format
+from frontend.http.version import package_version
 
 log = logging.getLogger("http")
 
@@ -58,6 +60,11 @@ class Gateway:
     body_timeout: float = BODY_TIMEOUT_S
     compiles: CompileCheck = field(default_factory=CompileCheck)   # the tools' schemas
     responses: ResponsesStore = field(default_factory=ResponsesStore)   # /v1/responses' store
+    strict_model: bool = False   # --served-model-name: requests must name `model` (models.py)
+
+    @cached_property
+    def served(self) -> ServedModel:
+        return ServedModel(self.model, self.created, self.max_model_len, self.strict_model)
 
     def client_for(self, request: web.Request):
         """What carries this user's requests, counted under the cap (see ClientPool)."""
@@ -84,11 +91,15 @@ class Gateway:
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
-def make_app(gw: Gateway, guard: Guard | None = None) -> web.Application:
-    """`guard`: the API keys every route but the open ones needs (auth.py); None: none."""
-    app = web.Application(middlewares=[count_status, openai_errors, require_key],
+def make_app(gw: Gateway, guard: Guard | None = None,
+             origins: frozenset[str] = frozenset()) -> web.Application:
+    """`guard`: the API keys every route but the open ones needs (auth.py); None: none.
+    `origins`: the browser origins CORS allows (cors.py); none by default."""
+    app = web.Application(middlewares=[count_status, cors.preflight, openai_errors,
+                                       require_key],
                           client_max_size=MAX_BODY_BYTES)
     app[GATEWAY] = gw
+    cors.install(app, origins)
     if guard is not None:
         app[GUARD] = guard
     app.router.add_post("/v1/completions", completions)
@@ -96,6 +107,8 @@ def make_app(gw: Gateway, guard: Guard | None = None) -> web.Application:
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model_id:.+}", model)   # a Hub id holds a slash
+    app.router.add_get("/version", version)
     app.router.add_post("/tokenize", tokenize_route)
     app.router.add_post("/detokenize", detokenize_route)
     app.router.add_get("/tokenizer_info", tokenizer_info_route)
@@ -170,7 +183,9 @@ async def _body(request: web.Request) -> tuple[dict, int | None]:
             raw = await request.read()
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
-    return parse_json(raw), priority
+    body = parse_json(raw)
+    request.app[GATEWAY].served.check(body)
+    return body, priority
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -218,10 +233,15 @@ async def tokenizer_info_route(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    card = {"id": gw.model, "object": "model", "created": gw.created, "owned_by": "tl-engine",
-            "max_model_len": gw.max_model_len}
-    return web.json_response({"object": "list", "data": [card]})
+    return web.json_response(request.app[GATEWAY].served.listing())
+
+
+async def model(request: web.Request) -> web.Response:
+    return web.json_response(request.app[GATEWAY].served.card_of(request.match_info["model_id"]))
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": package_version()})
 
 
 async def health(request: web.Request) -> web.Response:

@@ -11,14 +11,19 @@ as text, not as a control token (chat_special.py), unless the operator passed
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from core.chatml import CHATML_TEMPLATE
+from frontend.http.chat_options import ChatOptions
 from frontend.http.chat_roles import check_roles, template_roles
 from frontend.http.chat_special import ChatPrompt, Marks, prompt_ids, special_texts
 from frontend.http.errors import ApiError
 from frontend.http.render_bound import RenderTimeout, TemplateRefused, bounded
 from frontend.http.tool_messages import (has_tool_parts, hermes_messages, knows_tools,
                                           tool_format)
+
+
+PLAIN = ChatOptions()   # a generation prompt after the messages, no template variables
 
 
 class ChatTemplate:
@@ -70,17 +75,19 @@ class ChatTemplate:
     def roles(self) -> frozenset[str]:
         return template_roles(self.template)
 
-    def prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+    def prompt(self, messages: list[dict], options: ChatOptions = PLAIN,
                tools: list | None = None) -> ChatPrompt:
-        """The prompt, with where a user string spelled a special token (none where the
-        operator allows them)."""
+        """The prompt, with where a user string (or a chat_template_kwargs string) spelled
+        a special token (none where the operator allows them)."""
         messages = check_roles(messages, self.roles)
         marks = Marks.of(self._specials) if self._specials else None
-        if marks is None or not (marks.holds(messages) or marks.holds(tools)):
-            return ChatPrompt(self._render(messages, add_generation_prompt, tools))
-        hidden = self._render(marks.hide_messages(messages), add_generation_prompt,
-                              marks.hide(tools) if tools else tools)
-        return marks.show(hidden)
+        kwargs = options.template_kwargs
+        if marks is None or not (marks.holds(messages) or marks.holds(tools)
+                                 or marks.holds(kwargs)):
+            return ChatPrompt(self._render(messages, options, tools))
+        hidden = replace(options, template_kwargs={k: marks.hide(v) for k, v in kwargs.items()})
+        return marks.show(self._render(marks.hide_messages(messages), hidden,
+                                       marks.hide(tools) if tools else tools))
 
     def ids(self, prompt: ChatPrompt, add_special_tokens: bool = False) -> list[int]:
         """The prompt's token ids, its forged special tokens read as text (chat_special.py)."""
@@ -89,14 +96,16 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                tools: list | None = None) -> str:
         """The prompt's text, as the template writes it (roles checked)."""
-        return self._render(check_roles(messages, self.roles), add_generation_prompt, tools)
+        return self._render(check_roles(messages, self.roles),
+                            ChatOptions(add_generation_prompt), tools)
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool,
-                tools: list | None) -> str:
+    def _render(self, messages: list[dict], options: ChatOptions, tools: list | None) -> str:
         """`tools`: the body's, in OpenAI's shape; a template that does not read them gets
-        the conversation in the Hermes format (tool_messages.py)."""
+        the conversation in the Hermes format (tool_messages.py). With
+        continue_final_message the text ends where the last message's content does
+        (transformers cuts the template's end-of-turn, as vLLM renders it)."""
         from jinja2 import TemplateError
-        kw = {}
+        kw = dict(options.template_kwargs)
         if not knows_tools(self.template):
             if tools or has_tool_parts(messages):
                 messages = hermes_messages(messages, tools)
@@ -104,12 +113,17 @@ class ChatTemplate:
             kw["tools"] = list(tools)
         try:
             return bounded(lambda: self._hf.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kw))
+                messages, tokenize=False, add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message, **kw))
         except (TemplateError, ValueError) as e:  # e.g. the template's raise_exception
             raise ApiError(400, f"the chat template refused the messages: {e}",
                            "messages") from None
         except RenderTimeout as e:
             raise ApiError(500, str(e)) from None
         except Exception as e:  # noqa: BLE001  the template is a program: one line, no trace
+            if options.template_kwargs:   # it renders without them (dry_render): theirs
+                raise ApiError(400, f"the chat template failed on chat_template_kwargs "
+                                    f"({type(e).__name__}: {str(e)[:200]})",
+                               "chat_template_kwargs") from None
             raise ApiError(500, f"the chat template failed ({type(e).__name__}: "
                                 f"{str(e)[:200]})") from None

@@ -9,6 +9,8 @@ after the stream started is sent as an OpenAI error event (`data: {"error": ...}
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 
@@ -39,6 +41,7 @@ async def generate(request: web.Request, client, gen: GenRequest, fmt: Completio
     tallies = [Tally(time.monotonic()) for _ in range(gen.choices)]
     requests = [{**gen.client_kwargs(i), "key_hash": key_hash(request)}
                 for i in range(gen.choices)]
+    gone = False   # the client left (or the gateway stops): FanOut aborts what runs
     try:
         async with FanOut(client_for(gen.prompt_ask, client), requests, gen.n) as fan:
             early = []  # deltas that came before every choice had answered
@@ -49,9 +52,12 @@ async def generate(request: web.Request, client, gen: GenRequest, fmt: Completio
             while not _finished(tallies):
                 await _next(fan, tallies, gen)
             return web.json_response(fmt.body(tallies))
+    except (asyncio.CancelledError, ConnectionError):
+        gone = True
+        raise
     finally:
         for t in tallies:
-            metrics.observe_request(t)
+            metrics.observe_request(t, aborted=gone)
 
 
 def _finished(tallies: list[Tally]) -> bool:

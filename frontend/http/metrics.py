@@ -11,9 +11,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from core.sched_types import FINISH_REASONS
+from core.sched_types import FINISH_REASONS, FinishReason
 from frontend.http.format import Tally
 
+ABORT = FinishReason.ABORT.value
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -115,12 +116,15 @@ class Metrics:
     def observe_http(self, path: str, code: int) -> None:
         self.http.labels(path, str(code)).inc()
 
-    def observe_request(self, t: Tally) -> None:
-        """Once per generation request, when it ends (finished, failed or abandoned)."""
+    def observe_request(self, t: Tally, aborted: bool = False) -> None:
+        """Once per generation request, when it ends (finished, failed or abandoned).
+        `aborted`: its client disconnected (the gateway's 499) or the gateway stopped, so
+        one still unfinished was aborted: counted under finish_reason "abort"."""
         self.prompt_tokens.inc(t.prompt_tokens)
         self.completion_tokens.inc(t.completion_tokens)
-        if t.finish_reason is not None:
-            self.finished.labels(t.finish_reason).inc()
+        reason = t.finish_reason or (ABORT if aborted else None)
+        if reason is not None:
+            self.finished.labels(reason).inc()
         if t.first_token_at is not None:
             self.ttft.observe(t.first_token_at - t.started)
             if t.completion_tokens > 1:

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, replace
 from core.ipc.protocol import Generate
 from frontend.client.common import make_generate
 from frontend.compile_check import CompileCheck
-from frontend.http import fields
+from frontend.http import fields, guided
 from frontend.http.allowed import CHAT, COMPLETION, check_known
 from frontend.http.chat import ChatTemplate
+from frontend.http.chat_options import chat_options
 from frontend.http.chat_special import ChatPrompt
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, INT, NUM, OBJ, STR, get
@@ -53,6 +54,7 @@ class GenRequest:
     prompts: list | None = None   # a batch's prompts (None: msg.prompt alone)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
     max_tokens_field: str = "max_tokens"  # the body's name for it (chat: either name)
+    structured_field: str = "structured_outputs"  # or the older alias it came as (guided.py)
     prompt_ask: PromptAsk = PromptAsk()   # prompt logprobs (prompt_logprob_fields.py)
     tools: ToolAsk | None = None          # the offered tools (tools.py)
     # a chat whose user strings spell special tokens: msg.prompt must become its ids
@@ -71,7 +73,8 @@ class GenRequest:
 
     def param(self, field: str | None) -> str | None:
         """The body field a Generate field (an InvalidField's, an engine 400's) came from."""
-        name = self.max_tokens_field if field == "max_tokens" else field
+        name = {"max_tokens": self.max_tokens_field,
+                "structured_outputs": self.structured_field}.get(field, field)
         return (self.renames or {}).get(name, name)
 
     def client_kwargs(self, i: int = 0) -> dict:
@@ -149,7 +152,8 @@ def parse_chat(body: dict, priority: int | None, chat: ChatTemplate,
     compiles = compiles or CompileCheck()
     tools = tool_ask(body, compiles)
     max_tokens = _chat_max_tokens(body)
-    prompt = chat.prompt(fields.messages(body.get("messages")),
+    messages = fields.messages(body.get("messages"))
+    prompt = chat.prompt(messages, chat_options(body, messages),
                          tools=tools.tools if tools else None)
     msg = _generate(body, prompt.text, priority,
                     default_max_tokens if max_tokens is None else max_tokens,
@@ -229,7 +233,7 @@ def _generate(body: dict, prompt, priority: int | None, max_tokens: int,
         add_special_tokens=get(body, "add_special_tokens", BOOL, add_special_tokens),
         user=get(body, "user", STR), max_tokens_must_fit=explicit,
         prompt_logprobs=prompt_logprobs, response_format=body.get("response_format"),
-        structured_outputs=body.get("structured_outputs"),
+        structured_outputs=guided.structured_outputs(body)[0],
         cache_salt=get(body, "cache_salt", STR),
         speculative=get(body, "speculative", BOOL, True))
 
@@ -249,7 +253,8 @@ def _request(body: dict, msg: Generate, max_model_len: int | None,
     stream = get(body, "stream", BOOL, False)
     usage, continuous = _stream_options(body, stream)
     gen = GenRequest(msg, stream, n, usage, echo, continuous_usage=continuous,
-                     max_tokens_field=max_tokens_field, prompt_ask=ask)
+                     max_tokens_field=max_tokens_field, prompt_ask=ask,
+                     structured_field=guided.structured_outputs(body)[1])
     try:
         check_fields(gen.msg, max_model_len)
         # its shape and size; the frontend compiles it, off its loop (docs/structured.md)

@@ -4,8 +4,9 @@ aiohttp (not FastAPI + uvicorn): one dependency that streams, cancels a handler 
 disconnected and drains in-flight requests on shutdown, on the asyncio loop AsyncClient uses.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses,
-GET /v1/responses/{id}, GET /v1/models, POST /tokenize,
-POST /detokenize, GET /tokenizer_info, /health, /metrics (frontend/http/app.py). A body
+GET /v1/responses/{id}, GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize,
+GET /tokenizer_info, GET /version, /health, /metrics (frontend/http/app.py). --allowed-origins
+adds CORS (cors.py). A body
 must arrive within --body-timeout seconds (408 and the connection closes otherwise). Prints `READY
 http://HOST:PORT` on stdout once the engine answers stats(), the chat template is loaded
 and the port is bound (--port 0 picks a free one).
@@ -40,6 +41,7 @@ from frontend.http import log_filter
 from frontend.http.app import BODY_TIMEOUT_S, Gateway, make_app
 from frontend.http.auth import Guard
 from frontend.http.chat import ChatTemplate
+from frontend.http.origins import parse_origins
 from frontend.http.malloc_trim import HeapTrim
 from frontend.http.metrics import Metrics
 from frontend.http.render_bound import TemplateRefused
@@ -62,8 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="allow binding a non-loopback host")
     p.add_argument("--curve", default=None, metavar="DIR",
                    help="CURVE to the frontend, as the operator (DIR/server.key_secret)")
-    p.add_argument("--model-name", default=None,
-                   help="the model's name in replies and /v1/models (default: serve's --model)")
+    p.add_argument("--served-model-name", "--model-name", dest="model_name", default=None,
+                   help="the model's name in replies and /v1/models, which a request's `model`"
+                        " must then be (404 otherwise); default: serve's --model, any `model`"
+                        " accepted")
+    p.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
+                   help="comma-separated browser origins (scheme://host[:port], or *) that"
+                        " get CORS headers and preflight answers (default: none)")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may wait for the engine's next answer")
     p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
@@ -146,8 +153,10 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
                      Metrics(), int(time.time()), args.body_timeout,
                      CompileCheck(args.max_compile_ms),
                      ResponsesStore(args.responses_store, args.responses_max,
-                                    args.responses_max_age))
-        runner = web.AppRunner(make_app(gw, guard), handler_cancellation=True, access_log=None,
+                                    args.responses_max_age),
+                     strict_model=args.model_name is not None)
+        app = make_app(gw, guard, parse_origins(args.allowed_origins))
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                shutdown_timeout=args.drain_timeout)
         await runner.setup()
         try:
@@ -178,14 +187,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"http: {args.host} is not a loopback host; pass --allow-remote to bind it",
               file=sys.stderr)
         return 2
+    if args.model_name is not None and not args.model_name.strip():
+        print("http: --served-model-name must not be empty", file=sys.stderr)
+        return 2
     if (args.body_timeout <= 0 or args.max_inflight_per_client < 1 or args.max_compile_ms < 1
             or args.responses_max < 1 or args.responses_max_age <= 0):
         print("http: --body-timeout, --max-inflight-per-client, --max-compile-ms,"
               " --responses-max and --responses-max-age must be > 0", file=sys.stderr)
         return 2
     try:
+        parse_origins(args.allowed_origins)
         guard = guard_of(args)
-    except KeyProblem as e:
+    except (KeyProblem, ValueError) as e:
         print(f"http: {e}", file=sys.stderr)
         return 2
     # SIGKILL, not SIGTERM: a gateway whose loop is stuck never runs its SIGTERM handler

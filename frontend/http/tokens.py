@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from frontend.http import fields
 from frontend.http.allowed import check_known
+from frontend.http.chat_options import FIELDS as CHAT_OPTIONS, chat_options
 from frontend.http.chat_special import ChatPrompt
 from frontend.http.errors import ApiError
 from frontend.http.fields import BOOL, IDS, STR, get
 from frontend.token_bound import TokenBound
 
 TOKENIZE = frozenset({"model", "prompt", "messages", "add_special_tokens",
-                      "add_generation_prompt", "return_token_strs"})
+                      "return_token_strs", *CHAT_OPTIONS})
 DETOKENIZE = frozenset({"model", "tokens"})
 
 
@@ -86,8 +87,8 @@ def tokenize(tokens: Tokens, body: dict, chat, max_model_len: int) -> dict:
     if "prompt" in body:
         prompt, special = ChatPrompt(get(body, "prompt", STR, "")), True
     else:
-        prompt = chat.prompt(fields.messages(body["messages"]),
-                             get(body, "add_generation_prompt", BOOL, True))
+        messages = fields.messages(body["messages"])
+        prompt = chat.prompt(messages, chat_options(body, messages))
         special = False  # the template holds the special tokens
     param = "prompt" if "prompt" in body else "messages"
     _fits(tokens.bound.at_least(prompt.text), "at least ", max_model_len, param)

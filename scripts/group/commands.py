@@ -129,6 +129,10 @@ def http_command(a: argparse.Namespace, frontend_addr: str, port: int,
     cmd += ["--protect-metrics"] if a.protect_metrics else []
     if a.allow_special_tokens:
         cmd.append("--allow-special-tokens")
+    if a.served_model_name:
+        cmd += ["--served-model-name", a.served_model_name]
+    if a.allowed_origins:
+        cmd += ["--allowed-origins", a.allowed_origins]
     return cmd + (["--allow-remote"] if a.allow_remote else []) + curve_args(a)
 
 

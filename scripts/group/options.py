@@ -12,6 +12,7 @@ from frontend.cache_salt import SCOPES
 from frontend.compile_check import DEFAULT_MAX_COMPILE_MS
 from frontend.constraint_budget import DEFAULT_NEW_CONSTRAINTS_PER_S
 from frontend.http.api_keys import add_key_args
+from frontend.http.origins import parse_origins
 from frontend.http.responses_store import add_store_args
 from worker.bf16 import dtype_name
 from worker.threads import cores, default_threads, threads_problem
@@ -75,6 +76,14 @@ def parser() -> argparse.ArgumentParser:
                       help="also serve the OpenAI-compatible HTTP API there (0: a free port;"
                            " default: no gateway)")
     http.add_argument("--http-host", default="127.0.0.1", help="the gateway's host")
+    http.add_argument("--served-model-name", default=None, metavar="NAME",
+                      help="the model's name on the HTTP API (/v1/models, replies), which"
+                           " requests must then name (404 otherwise); e.g. the Hub id whose"
+                           " tokenizer guidellm and lm-eval should load (default: --model, any"
+                           " name accepted)")
+    http.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
+                      help="comma-separated browser origins (scheme://host[:port], or *) the"
+                           " gateway answers with CORS headers and preflights (default: none)")
     add_store_args(http, None, "default: beside the step log, <log>.responses.db; in memory"
                                " with --no-log")
     security = p.add_argument_group("security")
@@ -137,6 +146,12 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--nnodes over 1 needs --dist-init tcp://HOST:PORT, and --dp 1")
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    if a.served_model_name is not None and not a.served_model_name.strip():
+        p.error("--served-model-name must not be empty")
+    try:
+        parse_origins(a.allowed_origins)
+    except ValueError as e:
+        p.error(str(e))
     if a.max_compile_ms < 1:
         p.error(f"--max-compile-ms must be at least 1, not {a.max_compile_ms}")
     if not a.new_constraints_per_s > 0:

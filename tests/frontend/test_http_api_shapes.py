@@ -36,7 +36,7 @@ class FakeChat:
     tokenizer = FakeTokenizer()
     tool_format = "hermes"
 
-    def prompt(self, messages, add_generation_prompt=True, tools=None):
+    def prompt(self, messages, options=None, tools=None):
         return ChatPrompt("|".join(m["content"] for m in messages))
 
 

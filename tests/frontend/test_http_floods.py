@@ -133,7 +133,7 @@ class Template:
     tokenizer = None
     tool_format = "hermes"
 
-    def prompt(self, messages, add_generation_prompt=True, tools=None):
+    def prompt(self, messages, options=None, tools=None):
         return ChatPrompt("".join(m["content"] for m in messages))
 
 

@@ -197,7 +197,7 @@ class FakeChat:
     def __init__(self):
         self.seen = None
 
-    def prompt(self, messages, tools=None):
+    def prompt(self, messages, options=None, tools=None):
         self.seen = (messages, tools)
         return ChatPrompt("prompt")
 
