@@ -301,7 +301,7 @@ def cpu() -> dict:
                           if ln.startswith("model name")), "")
     except OSError:
         pass
-    widest = next((v for v in ("amx_tile", "avx512f", "avx2", "avx") if v in flags), "")
+    widest = next((v for v in ("avx512f", "avx2", "avx") if v in flags), "")
     return {"cpu": model, "cpu_vectors": widest}
 
 
