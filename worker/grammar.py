@@ -45,6 +45,11 @@ class Grammars:
         self._executor = None
         # key -> pristine matcher; the builder thread installs into it, so under _lock
         self._built: OrderedDict[str, object] = OrderedDict()
+        # key -> a copy of its pristine matcher whose first mask the builder thread computed:
+        # the first sequence under the key takes it (a copy's first mask explores the
+        # grammar's lexer states, ~30-100 ms for an allOf/anyOf schema, and a deep_copy does
+        # not share them: warmed here, that cost is off the shared step too)
+        self._spares: dict[str, object] = {}
         self._building: dict[str, threading.Event] = {}   # keys the builder thread is on
         self._lock = threading.Lock()
         self._tok_lock = threading.Lock()
@@ -93,6 +98,11 @@ class Grammars:
         with self._lock:
             return key in self._built
 
+    def has_spare(self, key: str) -> bool:
+        """Whether `key`'s warmed copy waits for its first sequence."""
+        with self._lock:
+            return key in self._spares
+
     def begin(self, key: str) -> bool:
         """Whether `key` needs a build (the caller then builds and installs it): False when
         it is built or being built."""
@@ -109,14 +119,17 @@ class Grammars:
         if done is not None:
             done.set()
 
-    def install(self, key: str, matcher) -> None:
-        """`key`'s pristine matcher, built (on any thread); the least recently used past
-        MAX_GRAMMARS are dropped."""
+    def install(self, key: str, matcher, spare=None) -> None:
+        """`key`'s pristine matcher, built (on any thread), and a warmed copy of it for its
+        first sequence (warmed()) or None; the least recently used past MAX_GRAMMARS are
+        dropped."""
         with self._lock:
             self._built[key] = matcher
             self._built.move_to_end(key)
+            if spare is not None:
+                self._spares[key] = spare
             while len(self._built) > MAX_GRAMMARS:
-                self._built.popitem(last=False)
+                self._spares.pop(self._built.popitem(last=False)[0], None)
             done = self._building.pop(key, None)
         if done is not None:
             done.set()
@@ -132,18 +145,39 @@ class Grammars:
             log.warning("constraint %s does not compile: %s", c.key, m.get_error())
         return m
 
+    @staticmethod
+    def warmed(matcher):
+        """A copy of pristine `matcher` that has computed its first mask (llguidance lets go
+        of the GIL meanwhile), or None where `matcher` failed to compile."""
+        if matcher.is_error():
+            return None
+        spare = matcher.deep_copy()
+        spare.compute_bitmask()   # computes, consumes nothing: the copy stays pristine
+        return spare
+
+    def _fresh(self, key: str):
+        """A pristine matcher of `key` for a new sequence: its warmed spare where one is
+        left, else a copy of the pristine one."""
+        with self._lock:
+            spare = self._spares.pop(key, None)
+            built = self._built.get(key)
+        if spare is not None:
+            return spare
+        if built is None:
+            return None
+        return built.deep_copy()
+
     def _sync(self, seq_id: int, b: ForwardBatch, j: int):
         """Row j's matcher, having consumed exactly the row's generated tokens."""
         key = b.grammar[j]
         tokens = b.grammar_tokens[b.grammar_start[j]:b.grammar_start[j + 1]].tolist()
         st = self._seqs.get(seq_id)
         if st is None or st.key != key or st.tokens != tokens[:len(st.tokens)]:
-            with self._lock:
-                built = self._built.get(key)
-            if built is None:
+            fresh = self._fresh(key)
+            if fresh is None:
                 raise ValueError(f"row {j} has constraint {key}, which this worker was never "
                                  "given (its spec comes with the request's first sample)")
-            st = _Seq(key, built.deep_copy(), [])
+            st = _Seq(key, fresh, [])
             self._seqs[seq_id] = st
         new = tokens[len(st.tokens):]
         if new:

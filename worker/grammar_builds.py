@@ -6,7 +6,9 @@ every other request go on meanwhile.
 
 The thread runs at a lower CPU priority (GRAMMAR_NICE; Linux sets it per thread): a build
 waits for the cores the steps leave idle rather than slowing every stream. llguidance lets go
-of the GIL while it builds, so the step's Python does not wait for it either.
+of the GIL while it builds, so the step's Python does not wait for it either. It also
+computes the first mask of a copy for the key's first sequence (Grammars.warmed): that mask
+explores the grammar's lexer states, a cost as large as a build's for some schemas.
 """
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ class GrammarBuilds:
             while (job := self._queue.get()) is not None:
                 key, c = job
                 try:
-                    self.grammars.install(key, self.grammars.build(c))
+                    built = self.grammars.build(c)
+                    self.grammars.install(key, built, self.grammars.warmed(built))
                 except Exception:  # noqa: BLE001  a bug must not leave its requests waiting
                     log.exception("building constraint %s failed", key)
                     self.grammars.abandon(key)   # the step that needs it tries again

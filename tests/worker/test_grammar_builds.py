@@ -74,3 +74,23 @@ def test_a_failed_build_still_answers_and_leaves_the_key_to_the_step(runner, mon
     monkeypatch.undo()   # the step builds it itself
     [(out, reason)], _ = run(runner, [(prompt(2), 8, SamplingParams(constraint=c))])
     assert reason == "stop" and len(out) >= 3
+
+
+def test_the_first_sequence_takes_the_warmed_copy_and_samples_the_same(runner):
+    """The build thread also computes a copy's first mask (Grammars.warmed); the key's first
+    sequence takes that copy, and its greedy tokens equal those of a sequence whose matcher
+    the step copied and masked itself."""
+    g, sent = runner.grammars, Sent()
+    c = Constraint("json", json.dumps({"type": "object", "properties": {
+        "warm": {"type": "integer"}}, "required": ["warm"]}))
+    builds = GrammarBuilds(g, lambda: sent, PID)
+    try:
+        assert builds.prepare(PrepareGrammar(c.key, c.kind, c.text))
+        wait_until(lambda: sent.msgs, 30, what="GrammarReady")
+    finally:
+        builds.close()
+    assert g.has_spare(c.key)
+    [(warm, reason)], _ = run(runner, [(prompt(3), 24, SamplingParams(constraint=c))])
+    assert not g.has_spare(c.key) and reason in ("stop", "length")
+    [(copied, _)], _ = run(runner, [(prompt(3), 24, SamplingParams(constraint=c))])
+    assert warm == copied and warm
