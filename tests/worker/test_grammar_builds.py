@@ -30,6 +30,16 @@ class Sent:
         pass
 
 
+def build_off_the_step(g, sent: Sent, c: Constraint) -> None:
+    """Ask a build thread over `g` for `c` and wait for its answer."""
+    builds = GrammarBuilds(g, lambda: sent, PID)
+    try:
+        assert builds.prepare(PrepareGrammar(c.key, c.kind, c.text))
+        wait_until(lambda: sent.msgs, 30, what="GrammarReady")
+    finally:
+        builds.close()
+
+
 @pytest.fixture(scope="module")
 def runner():
     return make_runner("tiny", num_blocks=128)
@@ -64,12 +74,7 @@ def test_a_failed_build_still_answers_and_leaves_the_key_to_the_step(runner, mon
         raise RuntimeError("a bug in a build")
 
     monkeypatch.setattr(g, "build", broken)
-    builds = GrammarBuilds(g, lambda: sent, PID)
-    try:
-        assert builds.prepare(PrepareGrammar(c.key, c.kind, c.text))
-        wait_until(lambda: sent.msgs, 30, what="GrammarReady")
-    finally:
-        builds.close()
+    build_off_the_step(g, sent, c)
     assert sent.msgs == [GrammarReady(key=c.key, pid=PID)] and not g.holds(c.key)
     monkeypatch.undo()   # the step builds it itself
     [(out, reason)], _ = run(runner, [(prompt(2), 8, SamplingParams(constraint=c))])
@@ -83,12 +88,7 @@ def test_the_first_sequence_takes_the_warmed_copy_and_samples_the_same(runner):
     g, sent = runner.grammars, Sent()
     c = Constraint("json", json.dumps({"type": "object", "properties": {
         "warm": {"type": "integer"}}, "required": ["warm"]}))
-    builds = GrammarBuilds(g, lambda: sent, PID)
-    try:
-        assert builds.prepare(PrepareGrammar(c.key, c.kind, c.text))
-        wait_until(lambda: sent.msgs, 30, what="GrammarReady")
-    finally:
-        builds.close()
+    build_off_the_step(g, sent, c)
     assert g.has_spare(c.key)
     [(warm, reason)], _ = run(runner, [(prompt(3), 24, SamplingParams(constraint=c))])
     assert not g.has_spare(c.key) and reason in ("stop", "length")
