@@ -1,4 +1,4 @@
-"""python -m scripts.evaltools {install,lm-eval,guidellm}: the tools by hand against a
+"""python -m scripts.evaltools {install,lm-eval,guidellm,client}: the tools by hand against a
 running gateway (scripts/serve --model smollm2 --http-port 8000), as the slow tests run them."""
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ import tempfile
 from pathlib import Path
 
 from scripts.evaltools import guidellm, lmeval
-from scripts.evaltools.toolenv import GUIDELLM, LM_EVAL, bin_dir
+from scripts.evaltools.clients import run_flow
+from scripts.evaltools.toolenv import GUIDELLM, LANGCHAIN_OPENAI, LITELLM, LM_EVAL, bin_dir
+
+CLIENTS = {"langchain": (LANGCHAIN_OPENAI, "langchain_flows.py"),
+           "litellm": (LITELLM, "litellm_flows.py")}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.evaltools")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install", help="install both tools into the cache; print their bin/")
+    sub.add_parser("install", help="install every tool into the cache; print their bin/")
     lm = sub.add_parser("lm-eval", help="the project's tasks through the gateway")
     lm.add_argument("http", help="the gateway's base URL, e.g. http://127.0.0.1:8000")
     lm.add_argument("--hf", metavar="GGUF", type=Path,
@@ -25,12 +29,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="a tokenizer directory, or the GGUF file to take it from")
     gl.add_argument("--seconds", type=int, default=guidellm.Load.seconds)
     gl.add_argument("--rate", type=float, default=guidellm.Load.rate)
+    cl = sub.add_parser("client", help="one flow of a client library (tests/clients/)")
+    cl.add_argument("library", choices=sorted(CLIENTS))
+    cl.add_argument("flow", help="a name in the script's FLOWS, e.g. tools_required")
+    cl.add_argument("http", help="the gateway's base URL, e.g. http://127.0.0.1:8000")
     for s in (lm, gl):
         s.add_argument("--out", type=Path, default=None, help="output folder (default: a temp one)")
     a = p.parse_args(argv)
     if a.cmd == "install":
-        for tool in (LM_EVAL, GUIDELLM):
+        for tool in (LM_EVAL, GUIDELLM, LANGCHAIN_OPENAI, LITELLM):
             print(tool.requirement, bin_dir(tool))
+        return 0
+    if a.cmd == "client":
+        print(json.dumps(run_flow(*CLIENTS[a.library], a.http + "/v1", a.flow), indent=1))
         return 0
     out = a.out or Path(tempfile.mkdtemp(prefix=f"tl-{a.cmd}-"))
     if a.cmd == "lm-eval":

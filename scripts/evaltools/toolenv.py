@@ -1,4 +1,4 @@
-"""A venv of its own for each outside eval or load tool, made on first use in the cache.
+"""A venv of its own for each outside eval, load or client tool, made on first use in the cache.
 
 $TL_CACHE_DIR/tools/<name>-<version>-<key>/ (default ~/.cache/tl-engine): a venv whose .pth
 file puts the project's site-packages behind its own, so torch and transformers are the
@@ -40,6 +40,9 @@ class Tool:
 
 LM_EVAL = Tool("lm_eval", "0.4.13", "[api,hf]")
 GUIDELLM = Tool("guidellm", "0.8.1")
+# client libraries apps call the gateway with (tests/clients/)
+LANGCHAIN_OPENAI = Tool("langchain-openai", "1.8.1")
+LITELLM = Tool("litellm", "1.110.2")
 
 
 class ToolInstallFailed(RuntimeError):
