@@ -188,7 +188,17 @@ def build_batch(step: int, out, sched, sampling: Mapping[int, SamplingParams],
                    first, offsets)
     if spec and out.drafts[spec[0]][0] == PENDING:
         _model_drafts(batch, spec, n_dec, sched)
+    if out.pooled:
+        _pool_rows(batch, out, n_spec)
     return batch
+
+
+def _pool_rows(batch: ForwardBatch, out, n_spec: int) -> None:
+    """The last query token of each pooled chunk (out.pooled, in prefill order): the
+    sequence n_spec + i of prefill chunk i ends one token before query_start[n_spec + i + 1]."""
+    pooled, qs = set(out.pooled), batch.query_start
+    batch.pool_rows = I32([qs[n_spec + i + 1] - 1 for i, ch in enumerate(out.prefill)
+                           if ch.id in pooled])
 
 
 def _model_drafts(batch: ForwardBatch, spec: Sequence[int], n_dec: int, sched) -> None:

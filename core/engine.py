@@ -16,7 +16,7 @@ from core.batch import build_batch, sampled_ids
 from core.bounds import INT32_MAX, SEED_MASK
 from core.first_samples import FirstSamples
 from core.ipc.protocol import ForwardBatch, SamplingParams
-from core.logrecords import FORMAT, PromptLogprobsRecord, StepRecord
+from core.logrecords import FORMAT, EmbeddingRecord, PromptLogprobsRecord, StepRecord
 from core.prompt_logprobs import PromptLogprobs
 from core.request_metrics import RequestClock
 from core.step_times import StepTimes
@@ -24,7 +24,7 @@ from core.sched import (Finished, InvalidRequest, Request, ScheduleOutput, Sched
                         StepOutput, TokenEvent)
 from core.speculate import PENDING, kept_rows
 from core.state_hash import schedule_json, state_hash
-from core.step_commit import StepCommit, extras_of
+from core.step_commit import StepCommit, embeddings_of, extras_of
 from core.step_driver import LocalRunner, PlanFailed, drive
 from core.table_growth import KeptTables, TableLedger
 
@@ -94,6 +94,7 @@ class NullLog:
     def input(self, step, kind, seq_id): pass
     def step(self, record: StepRecord): pass
     def prompt_logprobs(self, record: PromptLogprobsRecord): pass
+    def embedding(self, record: EmbeddingRecord): pass
     def finish(self, seq_id, step, reason, output_tokens): pass
     def flush(self): pass
     def close(self): pass
@@ -154,6 +155,9 @@ class Engine:
         key_hash: the API key's short hash the gateway gave it (logged only)."""
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
+        if req.embed and (sampling.prompt_logprobs is not None or sampling.constraint is not None):
+            raise InvalidRequest("an embedding samples nothing: no prompt_logprobs, no"
+                                 " constraint", "embed")
         if sampling.prompt_logprobs is not None:   # a cached prefix has no logits to give
             req = replace(req, cache_hits=False)
         if not speculative(sampling):
@@ -231,13 +235,14 @@ class Engine:
             self.prompt_lp.fill(batch, self._spans, self.sched.tokens)
         return batch
 
-    def commit(self, tokens, result=None) -> StepCommit:
+    def commit(self, tokens, result=None, pooled=()) -> StepCommit:
         """Apply the worker's tokens for the planned step; returns all the step produced
         (the scheduler's events, finished requests' metrics, logprobs from `result`, the
         worker's StepResult).
 
         tokens=None abandons the step (its worker died): no outputs; the restart that
-        follows preempts every running request, which then recomputes."""
+        follows preempts every running request, which then recomputes. `pooled`: replay
+        without a model (result None): the requests whose vectors the log holds."""
         out, step, t0 = self._planned
         self._planned = None
         abandoned = tokens is None
@@ -247,13 +252,15 @@ class Engine:
             raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
         done = StepCommit(extras=extras_of(ids, result, self._sampling),
                           prompt_logprobs=self._deliver(self._spans,
-                                                        None if abandoned else result))
+                                                        None if abandoned else result),
+                          embeddings=[] if abandoned else embeddings_of(out.pooled, result,
+                                                                        pooled))
         outputs, outs = self._outputs(ids, tokens)
         if out.drafts and result is not None and len(result.drafts):
             _fill_drafts(out.drafts, list(result.drafts))
         if out.drafts and outputs:
             outputs, done.accepted = self._verify(out.drafts, outputs)
-        done.events = self.sched.on_step(outputs)
+        done.events = self.sched.on_step(outputs, [i for i, _ in done.embeddings])
         if abandoned:
             self._forget_cache()
         self._record(step, out, outs, t0, done)
@@ -340,6 +347,10 @@ class Engine:
         self.last_hash = state_hash(self.last_hash, snapshot, doc, outs)
         for seq_id, first, entries in done.prompt_logprobs:   # committed with the step
             self.log.prompt_logprobs(PromptLogprobsRecord(step, seq_id, first, entries))
+        for seq_id, vector in done.embeddings:
+            if vector is not None:   # None: replayed without a model
+                self.log.embedding(EmbeddingRecord(step, seq_id, len(vector),
+                                                   hashlib.sha256(vector).hexdigest()))
         st = self.sched.stats()
         ms = (time.perf_counter() - t0) * 1e3
         self.step_ms_total += ms

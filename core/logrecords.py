@@ -117,6 +117,21 @@ class PromptLogprobsRecord:
     entries: list = json_column()
 
 
+@dataclass(frozen=True, slots=True)
+class EmbeddingRecord:
+    """The vector step `step` pooled for embedding request request_id (its seq_id), as its
+    length and the sha256 of its little-endian float32 bytes (docs/design/worker.md,
+    "Embeddings"); replay --with-model checks the digest. Logs made before embeddings
+    existed lack this table; readers take its absence for none."""
+    table: ClassVar[str] = "embeddings"
+    key: ClassVar[tuple] = ("step", "request_id")
+
+    step: int
+    request_id: int
+    dims: int
+    sha256: str
+
+
 @dataclass(slots=True)
 class Gap:
     """Steps first_step..last_step, and the inputs and finishes queued with them, were
@@ -188,8 +203,9 @@ META = {"key": str, "value": str}
 # logprobs existed lack those tables; readers take their absence for none.
 TABLES = {"meta": (META, "key"),
           **{r.table: (columns(r), r.key)
-             for r in (RequestRecord, InputRecord, StepRecord, Gap, PromptLogprobsRecord)}}
-OPTIONAL_TABLES = (Gap.table, PromptLogprobsRecord.table)
+             for r in (RequestRecord, InputRecord, StepRecord, Gap, PromptLogprobsRecord,
+                       EmbeddingRecord)}}
+OPTIONAL_TABLES = (Gap.table, PromptLogprobsRecord.table, EmbeddingRecord.table)
 
 
 def admission_sql() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from core.logrecords import (Gap, InputRecord, PromptLogprobsRecord, StepRecord, admission_sql,
+from core.logrecords import (EmbeddingRecord, Gap, InputRecord, PromptLogprobsRecord, StepRecord, admission_sql,
                              finish_sql, insert_sql, values)
 
 
@@ -50,4 +50,4 @@ def _insert(cls):
 
 _WRITERS = {"req": _write_request, "in": _insert(InputRecord), "fin": _write_finish,
             "step": _insert(StepRecord), "gap": _insert(Gap),
-            "plp": _insert(PromptLogprobsRecord)}
+            "plp": _insert(PromptLogprobsRecord), "emb": _insert(EmbeddingRecord)}

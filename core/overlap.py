@@ -19,7 +19,7 @@ from core.batch import sampled_ids
 from core.engine import Engine
 from core.ipc.protocol import ForwardBatch
 from core.sched import ScheduleOutput
-from core.step_commit import StepCommit, extras_of
+from core.step_commit import StepCommit, embeddings_of, extras_of
 
 ABANDON = "abandon"   # the input logged when a planned step is dropped without launching
 
@@ -77,9 +77,10 @@ class OverlapEngine(Engine):
         if self._planned is not None:
             self.abandon()
 
-    def settle(self, tokens, result=None) -> StepCommit:
+    def settle(self, tokens, result=None, pooled=()) -> StepCommit:
         """The in-flight step's tokens (None: it was lost with its worker, and its
-        placeholders are rolled back); logs the step, returns what it produced."""
+        placeholders are rolled back); logs the step, returns what it produced. `pooled`:
+        as Engine.commit's."""
         f, self.inflight = self.inflight, None
         gone, self._gone = self._gone, []
         ids, outs = f.ids, []
@@ -92,8 +93,9 @@ class OverlapEngine(Engine):
                 raise ValueError(f"worker returned {len(tokens)} tokens for {len(ids)} rows")
             done.extras = extras_of(ids, result, self._sampling)
             done.prompt_logprobs = self._deliver(f.spans, result)
+            done.embeddings = embeddings_of(f.out.pooled, result, pooled)
             outputs, outs = self._outputs(ids, tokens)
-            done.events = self.sched.settle(f.step, outputs)
+            done.events = self.sched.settle(f.step, outputs, [i for i, _ in done.embeddings])
         self._record(f.step, f.out, outs, f.t0, done, f.hits)
         done.finished = self._finish(done.events, f.step)
         for seq_id in gone:

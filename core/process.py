@@ -22,6 +22,7 @@ from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, G
                            Hello, I32, JoinRefused, ProtocolError, Rejected, StatsQuery,
                            StepEvents, StepResult, StopRequest, WorkerReady)
 from core.prompt_logprobs import parts
+from core.step_events import embedding_parts
 from core.step_commit import StepCommit
 from core.step_driver import PlanFailed, drive
 from core.step_events import step_messages
@@ -244,7 +245,7 @@ class CoreLoop:
         if not go:   # back through here once the worker holds its grammar
             return
         req = Request(prompt=list(msg.prompt), max_tokens=msg.max_tokens, priority=msg.priority,
-                      cache_salt=msg.cache_salt)
+                      cache_salt=msg.cache_salt, embed=msg.embed)
         try:
             seq_id = self.engine.add(req, msg.sampling, ignore_eos=msg.ignore_eos,
                                      request_id=msg.request_id, user=msg.user,
@@ -327,6 +328,9 @@ class CoreLoop:
     def publish(self, done: StepCommit) -> None:
         for part in self._prompt_logprobs(done):   # ahead of the tokens, whose delta takes them
             self.send(StepEvents(fids=I32(), tokens=I32(), finished=[], prompt_logprobs=part))
+        for fids, floats in embedding_parts(done.embeddings, self.fid_of):   # ahead of finishes
+            self.send(StepEvents(fids=I32(), tokens=I32(), finished=[], embed_fids=fids,
+                                 embeddings=floats))
         messages, ended = step_messages(done.events, self.fid_of, done.extras, done.finished)
         for seq_id in ended:
             del self.seq_of[self.fid_of.pop(seq_id)]
@@ -349,6 +353,7 @@ class CoreLoop:
                 "total_blocks": st.total_blocks, "steps": st.steps,
                 "preemptions": st.preemptions, "finished": st.finished,
                 "max_model_len": self.engine.sched.cfg.max_model_len,
+                "hidden_size": self.info.hidden_size,
                 "model": self.info.model, "tokenizer": self.info.tokenizer, "tp": self.info.tp,
                 "threads": self.info.threads,
                 "step_ms_total": self.engine.step_ms_total,

@@ -45,7 +45,7 @@ class _Req:
     __slots__ = ("id", "tokens", "num_tokens", "num_computed", "prompt_len", "max_tokens",
                  "key", "arrival", "limit", "rank", "handle", "status", "sample_step",
                  "placeholder_step", "cache_hits", "salt", "num_draft", "drafts", "num_taken",
-                 "num_draft_cached")
+                 "num_draft_cached", "embed", "pool_step")
 
     def __init__(self, id: int, tokens: list[int], max_tokens: int, max_model_len: int,
                  key: int, arrival: int):
@@ -71,6 +71,8 @@ class _Req:
         self.drafts: list[int] = []     # the last schedule's drafts for it
         self.num_taken = 0              # tokens it took in the last on_step (drafts: 1..k+1)
         self.num_draft_cached = 0       # positions the draft model holds KV for (draft_model)
+        self.embed = False              # prefill only: pooled, never sampled
+        self.pool_step: int | None = None   # the step pooling its last prompt position
 
 
 _RANK = attrgetter("rank")
@@ -178,6 +180,7 @@ class Scheduler:
         r.cache_hits = bool(req.cache_hits)
         r.salt = req.cache_salt
         r.num_draft = cfg.num_draft if req.speculative is True else 0
+        r.embed = req.embed is True
         self._reqs[seq_id] = r
         r.handle = self._waiting.push(r.rank, r)
         return seq_id
@@ -234,7 +237,8 @@ class Scheduler:
             if budget > 0:
                 self._admit_phase(chunks, step, budget, alone and not chunks)
         self._last_chunks = chunks
-        return ScheduleOutput([ch for _, ch in chunks], decodes, preempted, drafts)
+        pooled = [r.id for r, _ in chunks if r.pool_step == step]
+        return ScheduleOutput([ch for _, ch in chunks], decodes, preempted, drafts, pooled)
 
     def _preempt_for_head(self, preempted: list[RequestId]) -> None:
         """Phase 0: a waiting head that outranks the lowest running request by the margin
@@ -267,7 +271,7 @@ class Scheduler:
         # preemption pops only from the end of _running, behind the iterator
         for r in self._running:
             d = r.num_tokens - r.num_computed
-            if d == 1:
+            if d == 1 and not r.embed:
                 if r.num_tokens >= r.limit:
                     continue  # held: its last token is in flight (on_step_ahead)
                 if budget == 0:
@@ -282,7 +286,7 @@ class Scheduler:
                 budget -= 1
                 if spec and r.num_draft and budget:
                     budget -= self._draft(r, budget, drafts)
-            elif d > 1:
+            elif d > 0:   # a prefill (an embedding's last token too); 0: a pooling in flight
                 prefilling.append(r)
         return decodes, prefilling, budget
 
@@ -391,22 +395,28 @@ class Scheduler:
     @staticmethod
     def _add_chunk(r: _Req, start: int, length: int, chunks: list, step: int) -> None:
         last = start + length == r.num_tokens
-        if last:
+        if last and r.embed:   # pooled, not sampled: it advances as a middle chunk does
+            r.pool_step, last = step, False
+        elif last:
             r.sample_step = step
         chunks.append((r, Chunk(r.id, start, length, last)))
 
-    def on_step(self, outputs: Sequence[StepOutput]) -> list[TokenEvent | Finished]:
-        """Advance the computed positions of the last schedule and take its sampled tokens.
+    def on_step(self, outputs: Sequence[StepOutput],
+                pooled: Sequence[RequestId] = ()) -> list[TokenEvent | Finished]:
+        """Advance the computed positions of the last schedule and take its sampled tokens;
+        `pooled`: the embedding requests whose vector came back, which finish "stop".
 
         Outputs for requests that did not sample in that step are ignored. A sampling row
-        (decode or last chunk) left without an output is not advanced: it runs again.
+        (decode or last chunk) left without an output is not advanced: it runs again; so
+        does a pooled chunk without its vector.
         """
+        pools = [(r, ch) for r, ch in self._last_chunks if r.pool_step == self._steps - 1]
         computed, B = self._advance_chunks()
         step = self._steps - 1
         get = self._reqs.get
         events: list[TokenEvent | Finished] = []
         emit = events.append
-        finished = False
+        finished = self._pooled(pools, pooled, events)
         for o in outputs:
             r = get(o.id)
             if r is None:
@@ -435,6 +445,23 @@ class Scheduler:
         if self._spec:
             self._settle_drafts()
         return events
+
+    def _pooled(self, pools: list, pooled: Sequence[RequestId], events: list) -> bool:
+        """The last schedule's pooled chunks (advanced): those whose vector came back
+        finish "stop", the others run their chunk again. True when any finished."""
+        if not pools:
+            return False
+        back, finished = set(pooled), False
+        for r, ch in pools:
+            r.pool_step = None
+            if r.status is not ReqStatus.RUNNING:   # aborted since it was scheduled
+                continue
+            if r.id in back:
+                self._finish(r, FinishReason.STOP, events)
+                finished = True
+            else:
+                r.num_computed = ch.start
+        return finished
 
     def _settle_drafts(self) -> None:
         """After on_step: the last schedule's speculating requests give back the slots of
@@ -486,13 +513,22 @@ class Scheduler:
             r.num_tokens = n + 1
             r.placeholder_step = step
 
-    def settle(self, step: int, outputs: Sequence[StepOutput]) -> list[TokenEvent | Finished]:
+    def settle(self, step: int, outputs: Sequence[StepOutput],
+               pooled: Sequence[RequestId] = ()) -> list[TokenEvent | Finished]:
         """The tokens of `step`, advanced by on_step_ahead: each replaces its placeholder
         (still the request's last token) and may finish the request, running or preempted
-        meanwhile. Outputs of requests aborted or finished since are ignored."""
+        meanwhile. Outputs of requests aborted or finished since are ignored. `pooled`:
+        the embedding requests pooled in `step` whose vector came back: they finish "stop"
+        (one preempted meanwhile lost its pool_step and is recomputed)."""
         get = self._reqs.get
         events: list[TokenEvent | Finished] = []
         finished = False
+        for seq_id in pooled:
+            r = get(seq_id)
+            if r is not None and r.pool_step == step and r.status is ReqStatus.RUNNING:
+                r.pool_step = None
+                self._finish(r, FinishReason.STOP, events)
+                finished = True
         for o in outputs:
             r = get(o.id)
             if r is None or r.placeholder_step != step:
@@ -518,8 +554,12 @@ class Scheduler:
         return events
 
     def rollback(self, step: int) -> None:
-        """`step` was lost with its worker: its placeholders go; a restart follows."""
+        """`step` was lost with its worker: its placeholders go, its poolings run again;
+        a restart follows."""
         for r in self._reqs.values():
+            if r.pool_step == step:
+                r.pool_step = None
+                r.num_computed = min(r.num_computed, r.num_tokens - 1)
             if r.placeholder_step == step:
                 r.placeholder_step = None
                 r.tokens.pop()
@@ -543,6 +583,7 @@ class Scheduler:
         r.num_draft_cached = 0   # its blocks, the draft model's KV in them included, are gone
         r.status = ReqStatus.WAITING
         r.sample_step = None
+        r.pool_step = None       # a pooling in flight is recomputed
         r.handle = self._waiting.push(r.rank, r)
         self._preemptions += 1
 

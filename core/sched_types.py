@@ -71,6 +71,10 @@ class Request:
     cache_hits: bool = True   # False: admission computes every position (prompt logprobs)
     cache_salt: str | None = None   # only requests of equal salt share cached blocks
     speculative: bool = True  # False: never drafted for (the engine decides, core/engine.py)
+    # prefill only (an embedding): no token is sampled; the step that computes its last
+    # prompt position pools it and the request finishes "stop" (docs/design/scheduler.md,
+    # "Embedding requests")
+    embed: bool = False
 
 
 class AdmitError(Exception):
@@ -143,6 +147,9 @@ class ScheduleOutput:
     preempted: list[RequestId] = field(default_factory=list)
     # decodes verified with drafts (speculative decoding): id -> its drafts, in decode order
     drafts: dict[RequestId, list[int]] = field(default_factory=dict)
+    # embedding requests whose chunk reaches their last prompt position, in prefill order:
+    # that chunk has last=False (nothing is sampled) and its last query token is pooled
+    pooled: list[RequestId] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,8 @@ def schedule_json(out: ScheduleOutput, hits=(), accepted=()) -> dict:
     """The step log's schedule column; `hits` ([[id, cached tokens], ...], the admissions
     that hit the prefix cache) only when there are any, so logs without a cache keep their
     shape; so are "drafts" ([[id, [drafts]], ...], the decodes verified with drafts) and
-    "accepted" ([[id, drafts kept], ...], known once the step's tokens are)."""
+    "accepted" ([[id, drafts kept], ...], known once the step's tokens are) and "pooled"
+    ([ids]: the embedding requests whose last prompt position the step pools)."""
     doc = {"prefill": [[c.id, c.start, c.length, c.last] for c in out.prefill],
            "decode": list(out.decode), "preempted": list(out.preempted)}
     if hits:
@@ -23,6 +24,8 @@ def schedule_json(out: ScheduleOutput, hits=(), accepted=()) -> dict:
         doc["drafts"] = [[i, list(d)] for i, d in out.drafts.items()]
     if accepted:
         doc["accepted"] = [list(a) for a in accepted]
+    if out.pooled:
+        doc["pooled"] = list(out.pooled)
     return doc
 
 

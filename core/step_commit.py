@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.ipc.protocol import F32
+
 
 @dataclass
 class Extras:
@@ -47,6 +49,25 @@ def extras_of(ids: list[int], result, sampling: dict) -> Extras | None:
     return Extras(lps, top, later)
 
 
+def embeddings_of(pooled: list[int], result, logged=()) -> list[list]:
+    """StepResult.pooled cut into one vector per pooled request ([[seq_id, F32], ...], in
+    the batch's pool_rows order); ValueError when the worker's floats do not divide.
+    Replay without a model (result None): the requests of `logged` (those the log holds
+    a vector for), each with None."""
+    if not pooled:
+        return []
+    if result is None:
+        return [[seq_id, None] for seq_id in pooled if seq_id in logged]
+    flat = getattr(result, "pooled", ())
+    dims = len(flat) // len(pooled)
+    if dims == 0 or dims * len(pooled) != len(flat):
+        raise ValueError(f"the worker returned {len(flat)} pooled floats for"
+                         f" {len(pooled)} pooled rows")
+    raw = memoryview(flat.tobytes())
+    step = dims * 4
+    return [[seq_id, F32(raw[i * step:(i + 1) * step])] for i, seq_id in enumerate(pooled)]
+
+
 @dataclass
 class StepCommit:
     """One committed step's products."""
@@ -55,6 +76,7 @@ class StepCommit:
     extras: Extras | None = None                   # logprobs of the rows that asked
     prompt_logprobs: list = field(default_factory=list)   # [[seq_id, first, entries], ...]
     accepted: list = field(default_factory=list)   # [[seq_id, drafts kept], ...]
+    embeddings: list = field(default_factory=list)  # [[seq_id, F32 vector], ...]
 
     def then(self, later: StepCommit) -> StepCommit:
         """This step's products followed by a later one's (an overlapped step settles N
@@ -63,4 +85,4 @@ class StepCommit:
         return StepCommit(self.events + later.events, {**self.finished, **later.finished},
                           self.extras if self.extras is not None else later.extras,
                           self.prompt_logprobs + later.prompt_logprobs,
-                          self.accepted + later.accepted)
+                          self.accepted + later.accepted, self.embeddings + later.embeddings)

@@ -24,7 +24,8 @@ from dataclasses import asdict
 
 import sqlite_utils
 
-from core.logrecords import FORMAT, TABLES, Gap, InputRecord, PromptLogprobsRecord, StepRecord
+from core.logrecords import (FORMAT, TABLES, EmbeddingRecord, Gap, InputRecord,
+                             PromptLogprobsRecord, StepRecord)
 from core.logwriter import CHECKPOINT_S, Writer, say
 
 ON_ERROR = ("stop", "serve")
@@ -95,6 +96,8 @@ class StepLog:
     def add_request(self, seq_id, request_id, arrival, req, sampling, ignore_eos, user=None,
                     arrival_time=None, key_hash=None):
         doc = {**asdict(sampling), "ignore_eos": ignore_eos}
+        if req.embed:   # absent for a generation, so a generation's row is as it was
+            doc["embed"] = True
         # arrival_time: wall clock when the core received it, else now (what-if's arrivals)
         at = time.time() if arrival_time is None else arrival_time
         self._pending.append(("req", (seq_id, request_id, arrival, list(req.prompt),
@@ -114,6 +117,10 @@ class StepLog:
     def prompt_logprobs(self, record: PromptLogprobsRecord) -> None:
         """Committed with the next step (the one that delivered them)."""
         self._pending.append(("plp", record))
+
+    def embedding(self, record: EmbeddingRecord) -> None:
+        """Committed with the step that pooled it."""
+        self._pending.append(("emb", record))
 
     def step(self, record: StepRecord) -> None:
         self._pending.append(("step", record))

@@ -134,6 +134,10 @@ class CoreSide:
                 st = self._mine(r, rev.fid)
                 if st is None:
                     continue  # finished or aborted here already
+                if rev.embedding is not None:
+                    st.embedded(rev.embedding)
+                    if rev.reason is None:
+                        continue   # its finish follows in the step's next message
                 if rev.prompt:
                     st.prompt_scores(rev.prompt)
                     if not rev.tokens and rev.reason is None:

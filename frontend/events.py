@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from core.ipc.protocol import ProtocolError, StepEvents
+from core.ipc.protocol import F32, ProtocolError, StepEvents
 from core.sched_types import FINISH_REASONS
 
 
@@ -22,6 +22,7 @@ class RequestEvents:
     reason: str | None = None
     figures: dict | None = None
     prompt: Sequence[list] = ()   # [[first position, entries], ...]
+    embedding: object = None      # an embed request's vector (F32), the step it is pooled
 
 
 def group_events(ev: StepEvents) -> list[RequestEvents]:
@@ -47,6 +48,7 @@ def group_events(ev: StepEvents) -> list[RequestEvents]:
         fid, first, entries = _prompt(item)
         r = _of(out, fid)
         r.prompt = [*r.prompt, [first, entries]]
+    _embeddings(out, ev)
     for item in ev.finished:
         fid, reason, figures = _finished(item)
         r = _of(out, fid)
@@ -71,6 +73,21 @@ def _with_logprobs(out: dict[int, RequestEvents], ev: StepEvents) -> None:
                 r.logprobs, r.top = [], []
             r.logprobs.append(lp)
             r.top.append(top or [])
+
+
+def _embeddings(out: dict[int, RequestEvents], ev: StepEvents) -> None:
+    """embed_fids[i]'s vector is the i-th equal slice of `embeddings`."""
+    n = len(ev.embed_fids)
+    if n == 0:
+        if len(ev.embeddings):
+            raise ProtocolError(400, "events: embeddings without embed_fids")
+        return
+    dims = len(ev.embeddings) // n
+    if dims == 0 or dims * n != len(ev.embeddings):
+        raise ProtocolError(400, f"events: {len(ev.embeddings)} floats for {n} embeddings")
+    raw = memoryview(ev.embeddings.tobytes())
+    for i, fid in enumerate(ev.embed_fids):
+        _of(out, fid).embedding = F32(raw[i * dims * 4:(i + 1) * dims * 4])
 
 
 def _prompt(item) -> tuple[int, int, list]:

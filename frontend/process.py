@@ -285,7 +285,7 @@ class Frontend(CoreSide, PromptSide):
         seed = failover_seed(msg, ident) if self.several else None
         st.add = AddRequest(st.fid, msg.request_id, I32(ids), msg.max_tokens, msg.priority,
                             sampling_of(msg, seed), msg.ignore_eos, msg.user,
-                            msg.key_hash, salt)
+                            msg.key_hash, salt, msg.embed)
         if not self._dispatch(st):
             return self._error(ident, msg.request_id, 503, "the core is not accepting requests")
         self.inflight.add(st)
@@ -313,7 +313,8 @@ class Frontend(CoreSide, PromptSide):
                             list(msg.stop or ()), stop_ids, msg.include_stop_str_in_output,
                             msg.min_tokens, msg.max_tokens,
                             prompt_logprobs=msg.prompt_logprobs is not None,
-                            detok=self.tokenizer.detokenizer(msg.skip_special_tokens, ids))
+                            detok=self.tokenizer.detokenizer(msg.skip_special_tokens, ids),
+                            embed=msg.embed)
 
     def _on_stats(self, ident: bytes) -> None:
         if not self.operator.allows(self.router.last_frame):

@@ -43,6 +43,7 @@ class RequestState:
     prompt_logprobs: bool = False  # it asked for them: they go with the first delta
     # its incremental decoder (Tokenizer.detokenizer); None: a Detokenizer over `decode`
     detok: Detokenizer | StreamDetokenizer | None = None
+    embed: bool = False           # an embedding: its vector goes with the final delta
 
     def __post_init__(self):
         self._detok = self.detok or Detokenizer(self.decode, self.prompt_ids)
@@ -55,6 +56,7 @@ class RequestState:
         self.first_token_at: float | None = None
         # position 0 has none; the others fill in as the core scores the prompt's chunks
         self._prompt_lp = [None] * len(self.prompt_ids) if self.prompt_logprobs else None
+        self._embedding = None     # the core's vector, kept until the finish delta
 
     @property
     def key(self) -> tuple[bytes, str]:
@@ -79,6 +81,11 @@ class RequestState:
             for k, e in enumerate(entries):
                 if 1 <= first + k < n:
                     self._prompt_lp[first + k] = e
+
+    def embedded(self, vector) -> None:
+        """An embed request's vector from the core (a re-run's overwrites)."""
+        if self.embed:
+            self._embedding = vector
 
     def skip_rerun(self, ev: RequestEvents) -> RequestEvents:
         n = min(self.skip, len(ev.tokens))
@@ -136,6 +143,8 @@ class RequestState:
             d.logprobs, d.top_logprobs = ev.logprobs, ev.top
         if reason is not None:
             d.metrics = self._metrics(figures)
+            if reason != "abort" and self._embedding is not None:
+                d.embedding = self._embedding
         return d
 
     def _metrics(self, figures: dict | None) -> dict:

@@ -45,6 +45,23 @@ def check_params(msg: Generate, info: ModelInfo | None = None) -> None:
     if not msg.prompt:
         raise InvalidField("prompt must not be empty", "prompt")
     check_fields(msg, info.max_model_len if info else None, info.vocab_size if info else None)
+    if msg.embed:
+        check_embed(msg)
+
+
+# What an embedding has no use for (it samples nothing), each refused by name.
+NOT_FOR_EMBED = ("logprobs", "prompt_logprobs", "response_format", "structured_outputs", "stop",
+                 "stop_token_ids")
+
+
+def check_embed(msg: Generate) -> None:
+    """An embed request (docs/design/worker.md, "Embeddings"): one pooled position, no
+    sampling: max_tokens 1 and none of the fields only a generation reads."""
+    if msg.max_tokens != 1:
+        raise InvalidField("an embedding generates nothing: max_tokens must be 1", "max_tokens")
+    for name in NOT_FOR_EMBED:
+        if getattr(msg, name) is not None:
+            raise InvalidField(f"an embedding samples nothing: {name} must be unset", name)
 
 
 def check_fields(req, max_model_len: int | None = None, vocab_size: int | None = None) -> None:

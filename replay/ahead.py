@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from core.batch import fill_ahead
 from core.overlap import ABANDON
-from replay.checks import (Divergence, check_hash, check_plan, check_prompt_logprobs,
-                           check_tokens)
+from replay.checks import Divergence, check_hash, check_model_products, check_plan, check_tokens
 
 
 class Ahead:
-    def __init__(self, engine, log, runner=None, prompt: dict | None = None):
+    def __init__(self, engine, log, runner=None, prompt: dict | None = None,
+                 embedded: dict | None = None):
         self.engine, self.log, self.runner = engine, log, runner
         self.prompt = prompt or {}       # the log's prompt logprobs (LogFile.prompt_logprobs)
+        self.embedded = embedded or {}   # the log's embeddings (LogFile.embeddings)
         self.pending = None              # (row, batch, logged tokens) of the launched step
         self.prev: tuple = (-1, None)    # the last settled step and its tokens
 
@@ -53,8 +54,7 @@ class Ahead:
             if div is not None:
                 return div
             self.prev = (row.step, logged)
-        done = self.engine.settle(logged, result)
-        div = None
-        if self.runner is not None:
-            div = check_prompt_logprobs(done, row.step, self.prompt.get(row.step, {}))
+        vectors = self.embedded.get(row.step, {})
+        done = self.engine.settle(logged, result, pooled=vectors)
+        div = check_model_products(done, row.step, self.runner, self.prompt, vectors)
         return div or check_hash(self.engine, row)

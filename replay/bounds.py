@@ -45,7 +45,7 @@ def meta_bounds(meta: dict) -> Bounds:
 def check_request(r: dict, b: Bounds, where: str) -> None:
     """A logged request's fields as the frontend checked them when it came in; a failure
     names its column (a sampling field names `sampling` and the field)."""
-    s = {k: v for k, v in r["sampling"].items() if k != "ignore_eos"}
+    s = {k: v for k, v in r["sampling"].items() if k not in ("ignore_eos", "embed")}
     req = SimpleNamespace(**{**_DEFAULTS, **s}, max_tokens=r["max_tokens"], stop=None,
                           priority=r["priority"], user=r.get("user"),
                           key_hash=r.get("key_hash"))

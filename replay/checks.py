@@ -2,6 +2,7 @@
 replay/ahead.py in an overlapped log's order. The first that fails is the Divergence."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from core.batch import sampled_ids
@@ -12,13 +13,14 @@ from core.logrecords import StepRecord
 @dataclass
 class Divergence:
     step: int
-    what: str        # "schedule" | "outputs" | "tokens" | "prompt_logprobs" | "hash" | "input" | "steps"
+    what: str        # "schedule" | "outputs" | "tokens" | "prompt_logprobs" | "embeddings"
+    #                  | "hash" | "input" | "steps"
     diffs: list[str] = field(default_factory=list)
 
 
 def _diff_schedule(got: dict, want: dict) -> list[str]:
     out = []
-    for key in ("prefill", "decode", "preempted", "cached", "drafts"):
+    for key in ("prefill", "decode", "preempted", "cached", "drafts", "pooled"):
         if got.get(key, []) != want.get(key, []):
             out.append(f"{key}: replay {got.get(key, [])} != log {want.get(key, [])}")
     return out
@@ -78,6 +80,18 @@ def check_prompt_logprobs(done, step: int, logged: dict) -> Divergence | None:
     return Divergence(step, "prompt_logprobs", diffs)
 
 
+def check_embeddings(done, step: int, logged: dict) -> Divergence | None:
+    """The step's vectors (its StepCommit's, from the re-run) against the log's digests
+    (LogFile.embeddings()[step]: seq_id -> (dims, sha256)), bit for bit."""
+    got = {seq_id: (len(v), hashlib.sha256(v).hexdigest())
+           for seq_id, v in done.embeddings if v is not None}
+    if got == logged:
+        return None
+    diffs = [f"request {i}: replay {got.get(i)} != log {logged.get(i)}"
+             for i in sorted(set(got) | set(logged)) if got.get(i) != logged.get(i)]
+    return Divergence(step, "embeddings", diffs)
+
+
 def _positions(v) -> str:
     return "none" if v is None else f"positions {v[0]}..{v[0] + len(v[1]) - 1}"
 
@@ -95,14 +109,25 @@ def check_hash(engine, row: StepRecord) -> Divergence | None:
     return None
 
 
-def check_step(engine, row: StepRecord, runner, prompt: dict) -> Divergence | None:
+def check_step(engine, row: StepRecord, runner, prompt: dict,
+               embedded: dict | None = None) -> Divergence | None:
+    """`embedded`: the log's embeddings (LogFile.embeddings()): without a model, which
+    pooled requests got their vector; with one, the digests the vectors must have."""
     batch, logged, div = check_plan(engine, row, runner)
     result = None
     if div is None:
         div, result = check_tokens(batch, logged, row, runner)
     if div is not None:
         return div
-    done = engine.commit(logged, result)
-    if runner is not None:
-        div = check_prompt_logprobs(done, row.step, prompt.get(row.step, {}))
-    return div or check_hash(engine, row)
+    vectors = (embedded or {}).get(row.step, {})
+    done = engine.commit(logged, result, pooled=vectors)
+    return check_model_products(done, row.step, runner, prompt, vectors) or check_hash(engine, row)
+
+
+def check_model_products(done, step: int, runner, prompt: dict,
+                         vectors: dict) -> Divergence | None:
+    """With a model: the step's prompt logprobs and embeddings against the log's."""
+    if runner is None:
+        return None
+    return (check_prompt_logprobs(done, step, prompt.get(step, {}))
+            or check_embeddings(done, step, vectors))

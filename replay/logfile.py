@@ -6,14 +6,15 @@ import os
 import sqlite3
 from contextlib import contextmanager
 
-from core.logrecords import (OPTIONAL_TABLES, READABLE_FORMATS, TABLES, Gap, InputRecord,
-                             PromptLogprobsRecord, StepRecord, select_sql)
+from core.logrecords import (OPTIONAL_TABLES, READABLE_FORMATS, TABLES, EmbeddingRecord, Gap,
+                             InputRecord, PromptLogprobsRecord, StepRecord, select_sql)
 
 # logs made before these columns existed lack them
 OPTIONAL_COLUMNS = {("requests", "user"), ("requests", "arrival_time"),
                     ("requests", "key_hash"), ("requests", "cache_salt")}
 from replay.damage import DamagedLog, parsed
-from replay.rows import check_meta, gap_message, input_row, prompt_row, request_row, step_row
+from replay.rows import (check_meta, embedding_row, gap_message, input_row, prompt_row,
+                         request_row, step_row)
 
 __all__ = ["DamagedLog", "LogFile", "StepRecord"]
 
@@ -133,6 +134,17 @@ class LogFile:
             for row in self.conn.execute(select_sql(PromptLogprobsRecord)):
                 r = prompt_row(row, self.requests, self.bounds)
                 out.setdefault(r.step, {})[r.request_id] = (r.first, r.entries)
+        return out
+
+    def embeddings(self) -> dict[int, dict[int, tuple[int, str]]]:
+        """step -> {seq_id: (dims, sha256)}; {} for a log from before embeddings."""
+        out: dict[int, dict] = {}
+        if EmbeddingRecord.table not in self._tables():
+            return out
+        with self._reading():
+            for row in self.conn.execute(select_sql(EmbeddingRecord)):
+                r = embedding_row(row, self.requests)
+                out.setdefault(r.step, {})[r.request_id] = (r.dims, r.sha256)
         return out
 
     def version_warnings(self) -> list[str]:

@@ -49,10 +49,11 @@ def rerun(log: LogFile, seq_id: int, runner) -> Rerun:
     logged = logged_tokens(log, seq_id)
     s = dict(r["sampling"])
     ignore_eos = s.pop("ignore_eos", False)
+    embed = s.pop("embed", False)
     engine = engine_from_meta(log.meta, runner)
     try:
         engine.add(Request(list(r["prompt_tokens"]), max(1, len(logged)), r["priority"],
-                           cache_salt=r["cache_salt"]),
+                           cache_salt=r["cache_salt"], embed=embed),
                    SamplingParams(**s), ignore_eos=ignore_eos)
     except AdmitError as e:
         raise DamagedLog(f"{log.path}: request {seq_id} cannot run again: an engine"

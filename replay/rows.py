@@ -5,7 +5,7 @@ from dataclasses import fields
 from operator import itemgetter
 
 from core.ipc.protocol import CONSTRAINT_KINDS
-from core.logrecords import PromptLogprobsRecord, StepRecord, is_clock, is_json
+from core.logrecords import EmbeddingRecord, PromptLogprobsRecord, StepRecord, is_clock, is_json
 from core.sched import SchedPolicy, SchedulerConfig
 from core.bounds import MAX_CACHE_SALT_CHARS, MAX_NUM_DRAFT
 from core.sched_types import FINISH_REASONS
@@ -24,7 +24,7 @@ SAMPLING = {"temperature": number, "top_p": number, "top_k": integer,
             "logprobs": lambda v, w: optional(integer, v, w, 0),
             "prompt_logprobs": lambda v, w: optional(integer, v, w, 0),
             "constraint": lambda v, w: optional(_constraint, v, w),
-            "speculative": boolean}
+            "speculative": boolean, "embed": boolean}
 OPTIONAL_SCHED = {"aging_steps", "preempt_margin"}  # None or a positive int
 # speculative decoding's (logs made before it lack them: no speculation), and their floor
 SPEC_SCHED = {"num_draft": 0, "spec_max_batch": 1}
@@ -206,6 +206,19 @@ def prompt_row(row: tuple, requests: dict, b: Bounds) -> PromptLogprobsRecord:
     return PromptLogprobsRecord(step, seq_id, first, entries)
 
 
+def embedding_row(row: tuple, requests: dict) -> EmbeddingRecord:
+    """An embeddings row: the vector's length and the sha256 of its float32 bytes."""
+    step, seq_id, dims, digest = row
+    step = integer(step, "an embeddings step", 0)
+    w = f"embedding of step {step}:"
+    if seq_id not in requests:
+        raise DamagedLog(f"{w} names request {_name(seq_id)}, which the requests table lacks")
+    dims = integer(dims, f"{w} dims", 1, 1 << 20)
+    if type(digest) is not str or len(digest) != 64:
+        raise DamagedLog(f"{w} sha256 is not 64 hex digits")
+    return EmbeddingRecord(step, seq_id, dims, digest)
+
+
 def _schedule(doc, where: str, b: Bounds) -> dict:
     mapping(doc, where, ("prefill", "decode", "preempted"))
     prefill = rows(doc["prefill"], f"{where} prefill", (int, int, int, bool))
@@ -213,6 +226,7 @@ def _schedule(doc, where: str, b: Bounds) -> dict:
     within(prefill, f"{where} prefill", 2, "length", 0, b.max_model_len)
     int_list(doc["decode"], f"{where} decode")
     int_list(doc["preempted"], f"{where} preempted")
+    int_list(doc.get("pooled", []), f"{where} pooled")
     if "cached" in doc:   # prefix-cache hits of the step's admissions
         cached = rows(doc["cached"], f"{where} cached", (int, int))
         within(cached, f"{where} cached", 1, "tokens", 0, b.max_model_len)

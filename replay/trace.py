@@ -66,7 +66,7 @@ def from_log(log: LogFile, rec: Recorded) -> list[TraceRequest]:
 
 
 def _sampling(doc: dict) -> SamplingParams:
-    return SamplingParams(**{k: v for k, v in doc.items() if k != "ignore_eos"})
+    return SamplingParams(**{k: v for k, v in doc.items() if k not in ("ignore_eos", "embed")})
 
 
 def scaled(reqs: list[TraceRequest], load: float) -> list[TraceRequest]:

@@ -35,9 +35,10 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
             r = log.requests[seq_id]
             s = dict(r["sampling"])
             ignore_eos = s.pop("ignore_eos", False)
+            embed = s.pop("embed", False)
             try:
                 got = engine.add(Request(r["prompt_tokens"], r["max_tokens"], r["priority"],
-                                         cache_salt=r["cache_salt"]),
+                                         cache_salt=r["cache_salt"], embed=embed),
                                  SamplingParams(**s), ignore_eos=ignore_eos,
                                  request_id=r["client_request_id"] or "")
             except AdmitError as e:
@@ -55,16 +56,17 @@ def _apply_inputs(engine, log: LogFile, step: int) -> Divergence | None:
 def verify(log: LogFile, runner=None, progress: bool = False) -> Verdict:
     engine = engine_from_meta(log.meta, runner)
     prompt = log.prompt_logprobs() if runner is not None else {}
+    embedded = log.embeddings()
     ahead = None
     if engine.overlap:
-        ahead = Ahead(engine, log, runner, prompt)
+        ahead = Ahead(engine, log, runner, prompt, embedded)
     n = 0
     bar = Progress(log.num_steps(), "verify", enabled=progress and sys.stderr.isatty())
     for row in log.steps():
         if row.step != n:
             return Verdict(n, Divergence(n, "steps", [f"step {n} missing (next is {row.step})"]))
         div = _apply_inputs(engine, log, row.step) or (
-            ahead.check(row) if ahead else check_step(engine, row, runner, prompt))
+            ahead.check(row) if ahead else check_step(engine, row, runner, prompt, embedded))
         if div is not None:
             bar.close()
             return Verdict(div.step, div)

@@ -129,7 +129,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                      vocab_size=cfg.vocab_size, eos_ids=_eos_ids(hf), dtype=dtype,
                      device=str(hf.device), tokenizer=str(path), tp=tp,
                      batch_invariant=batch_invariant, checkpoint=checkpoint,
-                     weights=weights_digest(hf), quantization=quantization)
+                     weights=weights_digest(hf), quantization=quantization,
+                     hidden_size=int(cfg.hidden_size))
     runner = ModelRunner(hf, cache, info)
     runner.probe()
     if draft is not None:

@@ -1,16 +1,18 @@
 """NullRunner: no model. Each sample row's token is a hash of its last input token and that
 token's position (or the next id that is not banned), so outputs are deterministic, cheap, and
-never EOS."""
+never EOS. A pooled row's vector (an embedding) is NULL_HIDDEN hashes of the same two,
+L2-normalised."""
 from __future__ import annotations
 
 import math
 from itertools import islice
 
-from core.ipc.protocol import F64, I32, ForwardBatch, ModelInfo, StepResult
+from core.ipc.protocol import F32, F64, I32, ForwardBatch, ModelInfo, StepResult
 from worker.presets import PRESETS
 from worker.preset_tokenizer import EOS_ID
 
 _MASK64 = (1 << 64) - 1
+NULL_HIDDEN = 8   # the null model's hidden size: an embedding's length
 
 
 def null_token(token: int, position: int, vocab_size: int, eos_id: int = EOS_ID) -> int:
@@ -18,6 +20,14 @@ def null_token(token: int, position: int, vocab_size: int, eos_id: int = EOS_ID)
     z = (z ^ (z >> 29)) * 0xBF58476D1CE4E5B9 & _MASK64
     t = (z ^ (z >> 32)) % (vocab_size - 1)   # one id fewer than the vocabulary ...
     return t + 1 if t >= eos_id else t        # ... so EOS can be skipped over
+
+
+def null_vector(token: int, position: int) -> list[float]:
+    """The null model's embedding of a last token at a position: unit length."""
+    v = [null_token(token, position * NULL_HIDDEN + k, 1 << 16) / (1 << 15) - 1.0
+         for k in range(NULL_HIDDEN)]
+    norm = math.sqrt(sum(x * x for x in v)) or 1.0
+    return [x / norm for x in v]
 
 
 def unbanned(token: int, banned: set[int], vocab_size: int, eos_id: int = EOS_ID) -> int:
@@ -33,7 +43,8 @@ class NullRunner:
         vocab = PRESETS["tiny"].config["vocab_size"]
         self.info = ModelInfo(model="null", num_blocks=num_blocks, block_size=block_size,
                               max_model_len=max_model_len, vocab_size=vocab, eos_ids=[EOS_ID],
-                              dtype="float32", device="cpu", tokenizer=tokenizer)
+                              dtype="float32", device="cpu", tokenizer=tokenizer,
+                              hidden_size=NULL_HIDDEN)
 
     def run(self, batch: ForwardBatch) -> StepResult:
         """execute()'s tokens. The model is deterministic: an asking row's chosen token has
@@ -42,6 +53,8 @@ class NullRunner:
         tokens = self.execute(batch)
         out = self._prompt(batch)
         out.tokens = tokens
+        out.pooled = F32(x for q in batch.pool_rows
+                         for x in null_vector(batch.input_ids[q], batch.positions[q]))
         if len(batch.logprobs) == 0:
             return out
         top = [self._top(t, k) for t, k in zip(tokens, batch.logprobs)]

@@ -6,6 +6,7 @@ import torch
 
 from core.ipc.protocol import I32, ForwardBatch, ModelInfo, StepResult
 from worker import archs, fused_llama, graph, invariant, native, prompt_scores
+from worker.pooling import Pooler
 from worker.linear import packed, quant_fuse, rows
 from worker.linear.quant_module import QuantLinear
 from worker.attention import KWARG
@@ -33,6 +34,7 @@ class ModelRunner:
         if self.per_row:
             invariant.check_supported(model, kv, rep, info.tp)
         self.drafter = None   # worker/draft.py, where the worker was given a draft model
+        self.pooler = Pooler(model)   # embeddings: the final norm's output at pooled rows
         self.graph: graph.DecodeGraph | None = None
         weights: list[torch.Tensor] = []
         if fused_llama.usable(model, info.tp):   # the small per-token ops in C
@@ -58,10 +60,11 @@ class ModelRunner:
         """[num_sample_rows + len(prompt_rows), vocab] logits of the sampled rows, in
         sample_rows order, then those of the prompt-logprob rows."""
         prompt_scores.check(batch, self.info.vocab_size)   # on every rank, before a collective
+        pools = self.pooler.arm(batch)
         if batch.num_tokens == 0:
             return torch.empty(0, self.info.vocab_size, dtype=self.kv.dtype, device=self.kv.device)
         s = build_step(batch, self.kv, self.native, self.windows, self.per_row)
-        if self.graph is not None and self.graph.takes(s):
+        if not pools and self.graph is not None and self.graph.takes(s):
             return self.graph(s)
         return self.eager_logits(s)
 
@@ -86,7 +89,8 @@ class ModelRunner:
         ps = prompt_scores.score(logits[rows:], batch)
         out = StepResult(step=batch.step, tokens=I32(), prompt_logprobs=ps.logprobs,
                          prompt_ranks=ps.ranks, prompt_top_ids=ps.top_ids,
-                         prompt_top_logprobs=ps.top_logprobs, drafts=drafts)
+                         prompt_top_logprobs=ps.top_logprobs, drafts=drafts,
+                         pooled=self.pooler.take())
         if rows == 0:
             return out
         tokens, lp = sample_step(logits[:rows], batch, self.grammars)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Union
 
-from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F64, I32, I64, ProtocolError, decode,  # noqa: F401
+from core.ipc.wire import (DEFAULT_MAX_FRAME_BYTES, F32, F64, I32, I64, ProtocolError, decode,  # noqa: F401
                        encode, message)
 
 # Where clients find the frontend unless told otherwise (scripts/serve --address, Client).
@@ -88,6 +88,7 @@ class ModelInfo:
     draft: str = ""               # the draft model that proposes drafts (worker/draft.py); "" none
     threads: dict = field(default_factory=dict)   # {"count": torch's pool width, "wait": the
     # OpenMP wait policy it runs under} (worker/threads.py)
+    hidden_size: int = 0          # an embedding's length (worker/pooling.py); 0: unknown
 
 
 # ---------------------------------------------------------------- client <-> frontend
@@ -139,6 +140,9 @@ class Generate:
     # the gateway's HMAC over request_id and key_hash (frontend/caller.py): a key_hash
     # without it is refused, so no client names another's key
     key_proof: str | None = None
+    # an embedding, not a generation (docs/design/worker.md, "Embeddings"): the prompt is
+    # computed, its last position pooled; the final delta carries the vector, no tokens
+    embed: bool = False
 
 
 @message("abort")
@@ -169,6 +173,7 @@ class Delta:
     # first delta, when asked: None for position 0, then per prompt position p
     # [logprob, rank, [[token id, logprob], ...]] (docs/design/worker.md, "Prompt logprobs")
     prompt_logprobs: list[Any] | None = None
+    embedding: F32 | None = None           # an embed request's vector, on its final delta
 
 
 @message("deltas")
@@ -191,7 +196,7 @@ class Deltas:
 
     def add(self, d: Delta) -> None:
         if (d.finish_reason is None and d.prompt_token_ids is None and d.logprobs is None
-                and d.metrics is None and d.prompt_logprobs is None):
+                and d.metrics is None and d.prompt_logprobs is None and d.embedding is None):
             self.request_ids.append(d.request_id)
             self.texts.append(d.text)
             self.counts.append(len(d.token_ids))
@@ -249,6 +254,7 @@ class AddRequest:
     key_hash: str | None = None   # Generate's, for the step log
     # a digest of the request's salts (frontend/cache_salt.py), never the raw salt
     cache_salt: str | None = None
+    embed: bool = False           # Generate's: prefill only, pooled (core/sched_types.py Request)
 
 
 @message("abort_req")
@@ -303,6 +309,9 @@ class StepEvents:
     top_logprobs: list[Any] = field(default_factory=list)  # empty, or per token None | [[id, lp], ...]
     # [[fid, first prompt position, [[logprob, rank, [[id, lp], ...]], ...]], ...]
     prompt_logprobs: list[Any] = field(default_factory=list)
+    # embeddings: embed_fids[i]'s vector is embeddings[i*d:(i+1)*d], d = len // len(fids)
+    embed_fids: I32 = field(default_factory=I32)
+    embeddings: F32 = field(default_factory=F32)
 
 
 @message("core_stats")
@@ -381,6 +390,10 @@ class ForwardBatch:
     [key, kind, text] of each constraint whose row samples a request's first token since it
     was (re)admitted, so that a worker that lacks it (new, restarted, replaying) can build it.
 
+    Embeddings (docs/design/worker.md, "Embeddings"), empty unless a sequence pools: query
+    token pool_rows[m]'s final hidden state (after the model's last norm), L2-normalised,
+    is returned; no sample row is that sequence's.
+
     Overlapped scheduling (docs/design/overlap.md, "Overlapped scheduling"): a negative entry
     -1 - j of input_ids, history or grammar_tokens stands for the token sampled by row j of step
     `prev_step`, which the worker fills in from its own last StepResult before the forward.
@@ -422,6 +435,7 @@ class ForwardBatch:
     draft_seqs: I32 = field(default_factory=I32)
     draft_context: I32 = field(default_factory=I32)
     draft_context_start: I32 = field(default_factory=I32)
+    pool_rows: I32 = field(default_factory=I32)
 
     @property
     def num_seqs(self) -> int:
@@ -443,7 +457,9 @@ class StepResult:
     best), and each row's prompt_top[m] best alternatives flattened in row order.
 
     drafts: the draft model's drafts for batch.draft_seqs, k per sequence in that order,
-    as they were written into its input_ids (empty: none)."""
+    as they were written into its input_ids (empty: none).
+
+    pooled: one vector per batch.pool_rows entry, in that order, hidden_size floats each."""
     step: int
     tokens: I32
     logprobs: F64 = field(default_factory=F64)
@@ -454,6 +470,7 @@ class StepResult:
     prompt_top_ids: I32 = field(default_factory=I32)
     prompt_top_logprobs: F64 = field(default_factory=F64)
     drafts: I32 = field(default_factory=I32)
+    pooled: F32 = field(default_factory=F32)
 
 
 @message("worker_ready")

@@ -57,6 +57,11 @@ class I64(_Packed):
     TYPECODE = "q"
 
 
+class F32(_Packed):
+    """float32 array: pooled hidden states (embeddings)."""
+    TYPECODE = "f"
+
+
 class F64(_Packed):
     """float64 array: temperatures, top_p."""
     TYPECODE = "d"

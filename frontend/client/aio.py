@@ -19,7 +19,8 @@ import zmq.asyncio
 from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
                                     Result, as_error, close_dealer, decode_replies,
-                                    duplicate_error, ends, generate_of, open_dealer, settle,
+                                    duplicate_error, embed_inputs, ends, generate_of,
+                                    make_embed, open_dealer, settle,
                                     take_disconnects, timeout_error, unreachable_error)
 from frontend.client.keys import curve_options
 
@@ -94,6 +95,36 @@ class AsyncClient(RequestStream):
         async for d in self._stream(msg):
             result.add(d)
         return result
+
+    async def embed(self, input, *, priority=0, user=None, add_special_tokens=True,
+                    cache_salt=None) -> list[float] | list[list[float]]:
+        """As Client.embed: one vector for a string or an id list, a list for a batch."""
+        prompts, one = embed_inputs(input)
+        kw = {"priority": priority, "user": user, "add_special_tokens": add_special_tokens,
+              "cache_salt": cache_salt}
+        tasks = [asyncio.ensure_future(self._embedding(p, kw)) for p in prompts]
+        try:
+            vectors = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()   # a refused input: the others are aborted
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return vectors[0] if one else list(vectors)
+
+    async def _embedding(self, prompt, kw: dict) -> list[float]:
+        result = Result("")
+        async for d in self.embed_stream(prompt, **kw):
+            result.add(d)
+        return result.embedding or []
+
+    def embed_stream(self, prompt, request_id=None, *, priority=0, user=None,
+                     add_special_tokens=True, key_hash=None, cache_salt=None
+                     ) -> AsyncIterator[Delta]:
+        """One input's embedding request as its deltas (one, the final, with `embedding`
+        and `prompt_token_ids`): what the gateway's /v1/embeddings fans out."""
+        return self._stream(make_embed(prompt, request_id, priority=priority, user=user,
+                                       add_special_tokens=add_special_tokens,
+                                       key_hash=key_hash, cache_salt=cache_salt))
 
     async def abort(self, request_id: str) -> None:
         await self._send(Abort(request_id))

@@ -15,7 +15,8 @@ import zmq
 from core.ipc.protocol import Abort, Delta, ErrorReply, Generate, Stats, StatsReply, encode
 from frontend.client.common import (CLOSE_LINGER_MS, LOST_CONNECTION, ClientError, RequestStream,
                                     Result, as_error, close_dealer, decode_replies,
-                                    duplicate_error, ends, generate_of, open_dealer, settle,
+                                    duplicate_error, embed_inputs, ends, generate_of,
+                                    make_embed, open_dealer, settle,
                                     take_disconnects, timeout_error, unreachable_error)
 from frontend.client.keys import curve_options
 
@@ -68,6 +69,35 @@ class Client(RequestStream):
         for d in self._deltas(msg.request_id):
             result.add(d)
         return result
+
+    def embed(self, input, *, priority=0, user=None, add_special_tokens=True, cache_salt=None
+              ) -> list[float] | list[list[float]]:
+        """The embedding of `input` (a string or a list of token ids: one vector), or of
+        each input of a batch (a list of strings or of id lists: a list of vectors), all
+        sent at once (docs/design/worker.md, "Embeddings"). A refused input raises
+        ClientError and the batch's others are aborted."""
+        prompts, one = embed_inputs(input)
+        msgs = [make_embed(p, priority=priority, user=user,
+                           add_special_tokens=add_special_tokens, cache_salt=cache_salt)
+                for p in prompts]
+        sent, vectors = [], []
+        try:
+            for msg in msgs:
+                self._start(msg)
+                sent.append(msg.request_id)
+            for request_id in sent:
+                vectors.append(self._vector(self._deltas(request_id)))
+        finally:
+            for request_id in sent[len(vectors) + 1:]:   # never read: abort them here
+                if self._buffers.pop(request_id, None) is not None and not self._closed:
+                    self._send(Abort(request_id))
+        return vectors[0] if one else vectors
+
+    def _vector(self, deltas: Iterator[Delta]) -> list[float]:
+        result = Result("")
+        for d in deltas:
+            result.add(d)
+        return result.embedding or []
 
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop a request; its stream ends with finish_reason "abort"."""

@@ -41,6 +41,7 @@ class Result:
     # with prompt_logprobs=N: None, then per prompt position {token id: logprob} holding
     # the prompt's token and the top N (vLLM's shape, without Logprob objects)
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    embedding: list[float] | None = None           # an embed request's vector
 
     def add(self, d: Delta) -> None:
         self.text += d.text
@@ -55,8 +56,30 @@ class Result:
         if d.metrics is not None:
             self.metrics = dict(d.metrics)
             self.cached_tokens = self.metrics.get("cached_tokens") or 0
+        if d.embedding is not None:
+            self.embedding = list(d.embedding)
         if d.finish_reason is not None:
             self.finish_reason = d.finish_reason
+
+
+def embed_inputs(input) -> tuple[list, bool]:
+    """embed()'s `input` as a list of prompts, and whether it was one: a string or a list
+    of token ids is one input; a list of strings or of id lists is a batch."""
+    if isinstance(input, str):
+        return [input], True
+    items = list(input)
+    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return [items], True
+    return [x if isinstance(x, str) else list(x) for x in items], False
+
+
+def make_embed(prompt, request_id=None, *, priority=0, user=None, add_special_tokens=True,
+               key_hash=None, cache_salt=None) -> Generate:
+    """One embedding request (docs/design/worker.md, "Embeddings"): prefill only, pooled."""
+    return Generate(uuid.uuid4().hex if request_id is None else request_id,
+                    prompt if isinstance(prompt, str) else list(prompt), max_tokens=1,
+                    priority=priority, user=user, add_special_tokens=add_special_tokens,
+                    key_hash=key_hash, cache_salt=cache_salt, wire=WIRE, embed=True)
 
 
 def top_dicts(d: Delta) -> list[dict[int, float]]:

@@ -22,6 +22,7 @@ from frontend.http.auth import GUARD, Guard, require_key
 from frontend.http import cors
 from frontend.http.chat import ChatTemplate
 from frontend.http.chat_render import render_chat
+from frontend.http.embeddings import embeddings
 from frontend.http.errors import ApiError
 from frontend.http.format import CompletionFormat
 from frontend.http.generate import RETRY_AFTER_S, generate
@@ -61,6 +62,7 @@ class Gateway:
     compiles: CompileCheck = field(default_factory=CompileCheck)   # the tools' schemas
     responses: ResponsesStore = field(default_factory=ResponsesStore)   # /v1/responses' store
     strict_model: bool = False   # --served-model-name: requests must name `model` (models.py)
+    hidden_size: int = 0         # an embedding's length (the only `dimensions` accepted)
 
     @cached_property
     def served(self) -> ServedModel:
@@ -104,6 +106,7 @@ def make_app(gw: Gateway, guard: Guard | None = None,
         app[GUARD] = guard
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings_route)
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_get("/v1/models", models)
@@ -202,6 +205,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gen = await render_chat(gw, identity(request), body, priority)
     return await generate(request, gw.client_for(request), gen,
                           chat_format(gw.model, gen, gw.tokens, gw.chat), gw.metrics)
+
+
+async def embeddings_route(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    body, priority = await _body(request)
+    return await embeddings(request, gw.client_for(request), body, priority, gw.model,
+                            gw.hidden_size)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:

@@ -21,9 +21,11 @@ UNFINISHED = "the engine's stream ended without a finish"
 
 
 class FanOut:
-    def __init__(self, client, requests: list[dict], n: int = 1):
-        """`requests`: each choice's AsyncClient.stream arguments, n per prompt."""
+    def __init__(self, client, requests: list[dict], n: int = 1, method: str = "stream"):
+        """`requests`: each choice's arguments to the client's `method` (AsyncClient.stream,
+        or embed_stream), n per prompt."""
         self._client, self._requests, self._n = client, requests, n
+        self._method = method
         self._queue: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         # per prompt: its first choice answered (or ended), so its siblings may go
@@ -56,7 +58,7 @@ class FanOut:
         try:
             if i % self._n:
                 await self._first[i // self._n].wait()
-            async with aclosing(self._client.stream(**kw)) as deltas:
+            async with aclosing(getattr(self._client, self._method)(**kw)) as deltas:
                 async for d in deltas:
                     finished = d.finish_reason is not None
                     self._queue.put_nowait((i, d))

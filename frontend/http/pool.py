@@ -119,15 +119,22 @@ class UserClient:
         self._pool._give_back(self.identity, self._reserved)
         self._reserved = 0
 
-    async def stream(self, **kw) -> AsyncIterator[Delta]:
+    def stream(self, **kw) -> AsyncIterator[Delta]:
         """AsyncClient.stream's, on a reserved slot or one taken now; the slot is given
         back when the stream ends."""
+        return self._counted("stream", kw)
+
+    def embed_stream(self, **kw) -> AsyncIterator[Delta]:
+        """AsyncClient.embed_stream's, counted as stream's are."""
+        return self._counted("embed_stream", kw)
+
+    async def _counted(self, method: str, kw: dict) -> AsyncIterator[Delta]:
         if self._reserved:
             self._reserved -= 1
         else:
             self._pool._take(self.identity, 1)
         try:
-            async with aclosing(self._pool._carrier().stream(**kw)) as deltas:
+            async with aclosing(getattr(self._pool._carrier(), method)(**kw)) as deltas:
                 async for d in deltas:
                     yield d
         finally:

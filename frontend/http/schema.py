@@ -86,6 +86,7 @@ class GenRequest:
         p, j = divmod(i, self.n)
         kw = asdict(self.msg)
         del kw["wire"], kw["key_proof"]   # the client's to set, not the caller's
+        del kw["embed"]                   # a generation (embeddings.py asks for embed_stream)
         kw["prompt"] = self.batch[p]
         if self.choices > 1:
             kw["request_id"] = f"{self.msg.request_id}-{i}"

@@ -154,7 +154,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
                      CompileCheck(args.max_compile_ms),
                      ResponsesStore(args.responses_store, args.responses_max,
                                     args.responses_max_age),
-                     strict_model=args.model_name is not None)
+                     strict_model=args.model_name is not None,
+                     hidden_size=int(stats.get("hidden_size") or 0))
         app = make_app(gw, guard, parse_origins(args.allowed_origins))
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                shutdown_timeout=args.drain_timeout)
