@@ -13,12 +13,14 @@ from typing import Literal
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 from pydantic import BaseModel, Field
 
 MODEL = "smollm2"
 ASK = "What is the capital of France?"
 WEATHER_ASK = "What's the weather in Paris?"
+DOCS = ["The capital of France is Paris.", "Cats sleep most of the day.",
+        "The capital of France is Paris."]   # the first and last the same text
 PERSON_ASK = ("Alice is 30 years old. Reply with a JSON object with her name (key \"name\") "
               "and age (key \"age\").")
 
@@ -106,6 +108,14 @@ def responses_stream(base_url: str) -> dict:
     return streamed(chat(base_url, 24, use_responses_api=True).stream(ASK))
 
 
+def embeddings(base_url: str) -> dict:
+    """OpenAIEmbeddings as RAG stacks make it for a server other than OpenAI's: text sent as
+    text (no tiktoken ids); the SDK under it asks for base64 and decodes it."""
+    emb = OpenAIEmbeddings(model=MODEL, base_url=base_url, api_key="unused", max_retries=0,
+                           check_embedding_ctx_length=False, timeout=300)
+    return {"documents": emb.embed_documents(DOCS), "query": emb.embed_query(DOCS[0])}
+
+
 FLOWS = {
     "invoke": invoke, "stream": stream,
     **{f"structured_{m}": structured(m) for m in ("json_schema", "function_calling", "json_mode")},
@@ -115,6 +125,7 @@ FLOWS = {
     "tools_required_stream": with_tools("required", True),
     "tools_auto_stream": with_tools(None, True),
     "responses_invoke": responses_invoke, "responses_stream": responses_stream,
+    "embeddings": embeddings,
 }
 
 if __name__ == "__main__":

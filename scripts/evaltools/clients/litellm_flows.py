@@ -17,6 +17,8 @@ litellm.suppress_debug_info = True   # its "Provider List" notes on an unpriced 
 MODEL = "openai/smollm2"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
+DOCS = ["The capital of France is Paris.", "Cats sleep most of the day.",
+        "The capital of France is Paris."]   # the first and last the same text
 PERSON_ASK = [{"role": "user", "content": "Alice is 30 years old. Reply with a JSON object "
                                           "with her name and age."}]
 WEATHER = {"type": "object", "properties": {
@@ -84,11 +86,21 @@ def acompletion(base_url: str) -> dict:
     return {"replies": [choice(r) for r in asyncio.run(both())]}
 
 
+def embedding(base_url: str) -> dict:
+    """litellm.embedding on a list and on one string: the vectors in input order."""
+    def vectors(text) -> list:
+        reply = litellm.embedding(model=MODEL, api_base=base_url, api_key="unused", input=text,
+                                  timeout=300)
+        return [d["embedding"] for d in reply.data]
+    return {"documents": vectors(DOCS), "query": vectors(DOCS[0])[0]}
+
+
 FLOWS = {
     "tools_named": with_tools({"type": "function", "function": {"name": "get_weather"}}),
     "tools_required": with_tools("required"),
     "tools_required_stream": with_tools("required", True),
     "json_schema": json_schema, "stream": stream, "acompletion": acompletion,
+    "embedding": embedding,
 }
 
 if __name__ == "__main__":
