@@ -156,8 +156,7 @@ class Engine:
         sampling = sampling or SamplingParams()
         check_ranges(req, sampling)
         if req.embed and (sampling.prompt_logprobs is not None or sampling.constraint is not None):
-            raise InvalidRequest("an embedding samples nothing: no prompt_logprobs, no"
-                                 " constraint", "embed")
+            raise InvalidRequest("an embedding has no prompt_logprobs or constraint", "embed")
         if sampling.prompt_logprobs is not None:   # a cached prefix has no logits to give
             req = replace(req, cache_hits=False)
         if not speculative(sampling):

@@ -1,4 +1,4 @@
-"""POST /v1/embeddings (docs/design/interfaces.md, "Embeddings"): OpenAI's body and reply
+"""POST /v1/embeddings (docs/design/interfaces.md, "HTTP gateway"): OpenAI's body and reply
 over the engine's embed requests, one per input, fanned out at once (fanout.py) under the
 user's cap. Last-token pooling, L2-normalised (docs/design/worker.md, "Embeddings")."""
 from __future__ import annotations
