@@ -22,6 +22,15 @@ from scripts import ROOT
 KEYS = ("benchmark", "commit", "dirty", "date", "load_before", "load_after", "model")
 
 
+def add_client_run_options(p: argparse.ArgumentParser) -> None:
+    """--timeout, --json, --no-progress and --allow-dirty: a client-driven benchmark's."""
+    p.add_argument("--timeout", type=float, default=600, help="client timeout, seconds")
+    p.add_argument("--json", metavar="FILE", help="write the figures here")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr")
+    add_allow_dirty(p)
+
+
 def add_allow_dirty(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-dirty", action="store_true",
                    help="write --json from a tree that differs from its commit (the JSON "

@@ -45,11 +45,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let requests end at EOS (by default they run to max_tokens)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: from the model)")
-    p.add_argument("--timeout", type=float, default=600, help="client timeout, seconds")
-    p.add_argument("--json", metavar="FILE", help="write the figures here")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar on stderr")
-    prov.add_allow_dirty(p)
+    prov.add_client_run_options(p)
     a, serve_args = p.parse_known_args(argv)
     if a.address and serve_args:
         p.error(f"serve flags {serve_args} need --model (this script starts the group)")

@@ -1,4 +1,5 @@
-"""Keeps the serving benchmark working: `scripts/bench serve` on tiny with 4 requests.
+"""Keeps the serving benchmarks working: `scripts/bench serve`, `prefix`, `scale`, `whatif`
+and `embed` on tiny.
 
 Checks only that it runs to the end and writes its figures; no timing is asserted.
 """
@@ -70,3 +71,20 @@ def test_bench_whatif_quick(tmp_path):
         assert set(doc[run]) == {"measured", "predicted", "errors"}
         assert doc[run]["measured"]["makespan_s"] > 0 and doc[run]["predicted"]["makespan_s"] > 0
     assert set(doc["goals"]) == {"a", "b"} and set(doc["fit"]) == {"r2", "mape"}
+
+
+@pytest.mark.slow
+def test_bench_embed_tiny(tmp_path):
+    """scripts/bench embed: each turn's requests all answered, the prompt tokens counted."""
+    out = tmp_path / "embed.json"
+    cmd = [str(ROOT / "scripts" / "bench"), "embed", "--model", "tiny", "--requests", "4",
+           "--prompt-len", "8-32", "--output-len", "4", "--rounds", "1", "--no-progress",
+           "--allow-dirty", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    [turns] = doc["rounds"]
+    for name in ("embed", "prefill", "generate"):
+        assert turns[name]["errors"] == 0 and turns[name]["input_tokens"] == \
+            doc["workload"]["prompt_tokens"], turns[name]
+    assert turns["generate"]["output_tokens"] == 4 * 4   # EOS ignored
