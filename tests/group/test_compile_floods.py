@@ -91,9 +91,10 @@ def test_flooders_get_429s_past_their_budget_and_the_engine_serves_on(group, flo
         assert r.finish_reason == "stop" and len(r.text) == 3
 
 
-@pytest.mark.xfail(strict=False, reason="a new allOf/anyOf grammar's first masks cost up to"
-                   " ~100 ms inside the shared step (measured: 99.5 of a 102 ms step); builds"
-                   " are off the step, masks are not yet")
+@pytest.mark.xfail(strict=False, reason="met in 3 of 5 quiet runs: no mask over 10 ms is left in"
+                   " a step, but the victim's longest gap (10-74 ms flooded against 3-21 ms"
+                   " unloaded) moves with the OpenMP threads' stalls while the frontend's"
+                   " compile checks hold a core (with --threads 1: 7.5-12.4 against 2.7-3.6 ms)")
 def test_a_plain_stream_keeps_its_pace_under_the_flood(flooded):
     unloaded, loaded, _ = flooded
     assert loaded < 3 * unloaded, (loaded, unloaded)
