@@ -162,7 +162,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket, guard: Guard | No
         await runner.setup()
         try:
             await web.SockSite(runner, sock).start()
-            gc.freeze()   # as the frontend does once ready (frontend/core_side.py _on_ready)
+            gc.freeze()   # as the frontend does once ready (frontend/process.py _on_model)
             print(f"READY {url_of(sock)}", flush=True)
             stopped, trim = asyncio.ensure_future(stop.wait()), HeapTrim()
             while not stopped.done():

@@ -1,7 +1,7 @@
 """Wire 2's Deltas frames change nothing a client sees (issue 35's property test).
 
-The frontend's step handler (CoreSide._on_events, with the Frontend's own abort and send
-methods) runs a drawn scenario twice: once sending a frame per delta, as wire 1 did, and
+The frontend's step handler (CoreSide.on_core's step events, with its abort, and the
+Replies sending to clients) runs a drawn scenario twice: once sending a frame per delta, as wire 1 did, and
 once with its Deltas frame per client per step. A scenario interleaves core steps (tokens,
 some with logprobs; "length" and EOS finishes), client aborts and stop strings (the core
 finishes a stopped request one or more steps after the frontend's StopRequest). What each
@@ -24,8 +24,7 @@ from core.ipc.wire import Encoder
 from frontend.client.common import decode_replies
 from frontend.core_side import CoreSide
 from frontend.delta_frames import DeltaFrames
-from frontend.inflight import Inflight
-from frontend.process import Frontend
+from frontend.replies import Replies
 from frontend.request import RequestState
 
 EOS = 256
@@ -80,35 +79,37 @@ class Replica:
         pass
 
 
-class Side(CoreSide):
-    """CoreSide with the Frontend's own methods it calls, and no sockets."""
-    _remove, _abort, _replica_of = Frontend._remove, Frontend._abort, Frontend._replica_of
-    _send_delta, _send_deltas = Frontend._send_delta, Frontend._send_deltas
-    _client_gone = Frontend._client_gone
+def client_gone(ident: bytes) -> None:
+    raise AssertionError(f"no send fails here, yet client {ident!r} was found gone")
 
-    def __init__(self, requests):
-        self.router, self.inflight, self.replicas = Router(), Inflight(), [Replica()]
-        self.tokenizing = mock.Mock()
-        for fid, (client, stop, include) in enumerate(requests):
-            self.inflight.add(RequestState(bytes([client]), f"r{fid}", fid, [1, 2, 3],
-                                           decode_bytes, list(stop), frozenset({EOS}),
-                                           include, max_tokens=64))
+
+def core_side(requests, router: Router, replica: Replica) -> CoreSide:
+    """A CoreSide over the one fake replica, with the requests in flight on it (added to
+    its table directly: the replica's AddRequests would only pad what both runs compare)."""
+    side = CoreSide([replica], None, None, Replies(router, client_gone),
+                    on_model=lambda info: None, explain_refusals=False)
+    for fid, (client, stop, include) in enumerate(requests):
+        side.inflight.add(RequestState(bytes([client]), f"r{fid}", fid, [1, 2, 3],
+                                       decode_bytes, list(stop), frozenset({EOS}),
+                                       include, max_tokens=64))
+    return side
 
 
 def run(requests, script, frames_cls):
     """Play the script's steps and aborts; the frames each client got, and the messages
     for the core."""
-    side = Side(requests)
+    router, replica = Router(), Replica()
+    side = core_side(requests, router, replica)
     with mock.patch("frontend.core_side.DeltaFrames", frames_cls):
         for k, (kind, what) in enumerate(script):
-            side.router.step = k
+            router.step = k
             if kind == "abort":
                 st = side.inflight.by_fid(what)
                 if st is not None:
-                    side._abort(st, tell_client=True)
+                    side.abort(st, tell_client=True)
             else:
-                side._on_core(side.replicas[0], what)
-    return side.router.sent, side.replicas[0].told
+                side.on_core(replica, what)
+    return router.sent, replica.told
 
 
 def per_request(sent) -> dict[str, list]:
