@@ -55,7 +55,8 @@ def kind(doc: dict) -> str | None:
                       ("curve", "curve_cost_us_per_request")):
         if key in doc:
             return name
-    if doc.get("benchmark") in ("speculative", "overhead-compare", "memory", "tool_calls"):
+    if doc.get("benchmark") in ("speculative", "overhead-compare", "memory", "tool_calls",
+                                "embed"):
         return doc["benchmark"]
     if "shared_t0" in (doc.get("on") or {}):
         return "prefix"
@@ -368,6 +369,18 @@ def tool_calls(doc: dict) -> str:
             "left on; ok: ends `tool_calls` with every call's arguments valid under its schema.")
 
 
+def embed(doc: dict) -> str:
+    w, best = doc.get("workload") or {}, doc.get("best") or {}
+    labels = {"embed": "embeddings", "prefill": "generation, max_tokens 1",
+              "generate": f"generation, max_tokens {w.get('output_len')}"}
+    rows = [(label, num((best.get(t) or {}).get("input_tok_s"), ",.0f"),
+             num((best.get(t) or {}).get("output_tok_s")), (best.get(t) or {}).get("errors"))
+            for t, label in labels.items()]
+    return (markdown(("turn (best of the rounds)", "prompt tok/s", "output tok/s", "errors"),
+                     rows) + f"\n\n{w.get('requests')} prompts of {w.get('prompt_len')} tokens"
+            " a turn, the turns alternating, each drawing its own ids.")
+
+
 def _pct(share):
     return None if share is None else 100 * share
 
@@ -376,4 +389,5 @@ TABLES = {"compare-llamacpp": compare_llamacpp, "compare": compare, "quality": q
           "overhead-compare": overhead_compare, "overhead": overhead, "prefix": prefix,
           "scale": scale, "invariant": invariant,
           "whatif": whatif, "structured": structured, "curve": curve,
-          "speculative": speculative, "memory": memory, "tool_calls": tool_calls}
+          "speculative": speculative, "memory": memory, "tool_calls": tool_calls,
+          "embed": embed}
