@@ -1,5 +1,6 @@
 """The gateway's aiohttp application: OpenAI's routes (the Responses API's in
-responses_api.py), vLLM's /tokenize, /detokenize and /version, /health and /metrics.
+responses_api.py), vLLM's /tokenize, /detokenize, /version, /v1/score and /v1/rerank (scores.py),
+/health and /metrics.
 
 Every handler reaches the engine through the one AsyncClient in `Gateway`; every error
 leaves in OpenAI's format ({"error": {message, type, param, code}}).
@@ -33,6 +34,7 @@ from frontend.http.metrics import Metrics
 from frontend.http import responses_api
 from frontend.http.models import ServedModel
 from frontend.http.responses_store import ResponsesStore
+from frontend.http import scores
 from frontend.http.schema import PRIORITY_HEADER, parse_chat, parse_completion, parse_priority
 from frontend.http.tokens import Tokens, detokenize, tokenize, tokenizer_info
 from frontend.http.tool_replies import chat_format
@@ -107,6 +109,8 @@ def make_app(gw: Gateway, guard: Guard | None = None,
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/embeddings", embeddings_route)
+    app.router.add_post("/v1/score", score_route)
+    app.router.add_post("/v1/rerank", rerank_route)
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_get("/v1/models", models)
@@ -212,6 +216,18 @@ async def embeddings_route(request: web.Request) -> web.Response:
     body, priority = await _body(request)
     return await embeddings(request, gw.client_for(request), body, priority, gw.model,
                             gw.hidden_size)
+
+
+async def score_route(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    body, priority = await _body(request)
+    return await scores.score(request, gw.client_for(request), body, priority, gw.model)
+
+
+async def rerank_route(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    body, priority = await _body(request)
+    return await scores.rerank(request, gw.client_for(request), body, priority, gw.model)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:

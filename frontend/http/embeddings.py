@@ -28,10 +28,15 @@ def parse_inputs(body: dict, hidden_size: int) -> tuple[list, str]:
     if dims is not None and (type(dims) is not int or dims != hidden_size):
         raise ApiError(400, f"dimensions: this model's embeddings have {hidden_size} and cannot"
                             " be shortened", "dimensions")
+    check_user(body)
+    return _inputs(body.get("input")), fmt
+
+
+def check_user(body: dict) -> None:
+    """OpenAI's `user`: absent or a string."""
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise ApiError(400, "user must be a string", "user")
-    return _inputs(body.get("input")), fmt
 
 
 def _inputs(raw) -> list:
@@ -69,7 +74,20 @@ def encoded(vector: F32, fmt: str):
 async def embeddings(request: web.Request, client, body: dict, priority: int | None,
                      model: str, hidden_size: int) -> web.Response:
     inputs, fmt = parse_inputs(body, hidden_size)
-    common = {"key_hash": key_hash(request), "user": body.get("user")}
+    vectors, tokens = await embed_all(request, client, inputs, priority, body.get("user"))
+    return web.json_response({
+        "object": "list", "model": model, "created": int(time.time()),
+        "data": [{"object": "embedding", "index": i, "embedding": encoded(v, fmt)}
+                 for i, v in enumerate(vectors)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def embed_all(request: web.Request, client, inputs: list, priority: int | None,
+                    user: str | None, param: str = "input") -> tuple[list[F32], int]:
+    """Each input's vector, in order, and the prompt tokens they took: one engine request
+    per input, all at once under the user's cap. An engine refusal is an ApiError naming
+    `param` where the engine named the prompt."""
+    common = {"key_hash": key_hash(request), "user": user}
     if priority is not None:
         common["priority"] = priority
     requests = [{"prompt": p, **common} for p in inputs]
@@ -81,14 +99,10 @@ async def embeddings(request: web.Request, client, body: dict, priority: int | N
                 i, d = await fan.next()
             except ClientError as e:
                 raise ApiError(e.code if e.code in (400, 413, 429, 503) else 503, e.message,
-                               "input" if e.param == "prompt" else e.param) from None
+                               param if e.param == "prompt" else e.param) from None
             if d.finish_reason == "abort" or (d.finish_reason and d.embedding is None):
                 raise ApiError(503, "the engine ended an embedding without its vector")
             if d.embedding is not None:
                 vectors[i] = d.embedding
                 tokens += len(d.prompt_token_ids or ())
-    return web.json_response({
-        "object": "list", "model": model, "created": int(time.time()),
-        "data": [{"object": "embedding", "index": i, "embedding": encoded(v, fmt)}
-                 for i, v in enumerate(vectors)],
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return vectors, tokens
