@@ -71,7 +71,9 @@ def check_worker_stall(tmp_path, n: int) -> None:
             worker = c.stats()["pids"]["worker"]
         def long_request():
             with Client(g.address, timeout=300) as c:
-                return c.generate([1, 2, 3], max_tokens=60, ignore_eos=True)
+                # long enough to be seen running: 60 tokens took 61 ms on tiny, and the
+                # 50 ms poll below missed it (a flake)
+                return c.generate([1, 2, 3], max_tokens=2000, ignore_eos=True)
         long_t, long_out = run_in_thread(long_request)
         wait_tokens(g.address, lambda st: st["running"] >= 1 and st["steps"] > 2)
         os.kill(worker, signal.SIGSTOP)     # a step is in flight: the core waits on it
