@@ -62,9 +62,28 @@ def test_over_the_bound_is_a_400_naming_the_field_and_kept(engine):
 
 
 def test_a_slow_compile_does_not_hold_other_streams(group, engine):
-    """The compile runs on the tokenizing thread: the loop forwards the stream's deltas."""
+    """The compile runs on the tokenizing thread: the loop forwards the stream's deltas.
+
+    A held loop forwards nothing between the compile's start and its refusal, every time. A
+    machine under outside load can stall any stream for a few hundred ms with no compile at
+    all (measured: 0.68 s in a plain 0.7 s sleep beside two busy processes), so each try
+    compiles a new constraint and one try in three must show the stream going on."""
+    tries = [stream_during_a_compile(group, engine, n) for n in range(3)]
+    for took, during, max_gap in tries:
+        if took < 0.3:   # a machine this fast leaves too short a compile to see the loop at work
+            pytest.skip(f"the slow constraint compiled in {took:.2f} s")
+        if len(during) >= 3 and max_gap < took / 2:
+            return
+    pytest.fail(f"(compile s, deltas during it, longest gap s) of each try: "
+                f"{[(round(t, 3), len(d), round(g, 3)) for t, d, g in tries]}")
+
+
+def stream_during_a_compile(group, engine, n: int) -> tuple[float, list[float], float]:
+    """How long a new slow constraint (SLOWER, made distinct by `n`) took to be refused, the
+    stream's arrival times meanwhile, and the longest gap between them (or the ends)."""
     arrivals: list[float] = []
     started = threading.Event()
+    deadline = [float("inf")]
 
     def stream():
         with Client(group.address, timeout=60) as c:
@@ -74,13 +93,14 @@ def test_a_slow_compile_does_not_hold_other_streams(group, engine):
                 if len(arrivals) > 1 and arrivals[-1] > deadline[0]:
                     break
 
-    deadline = [float("inf")]
     t = threading.Thread(target=stream)
     t.start()
     try:
         assert started.wait(60)
         sent = time.monotonic()
-        err, took = refusal(engine, "slower", response_format=json_format(SLOWER))
+        schema = {**json.loads(SLOWER.text), "description": f"try {n}"}   # a new key
+        err, took = refusal(engine, f"slower-{n}", response_format={
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
         answered = sent + took
         deadline[0] = answered + 0.2
     finally:
@@ -88,10 +108,7 @@ def test_a_slow_compile_does_not_hold_other_streams(group, engine):
     assert (err.code, err.param) == (400, "response_format"), err
     during = [a for a in arrivals if sent <= a <= answered]
     gaps = [b - a for a, b in zip([sent, *during], [*during, answered])]
-    if took < 0.3:   # a machine this fast leaves too short a compile to see the loop at work
-        pytest.skip(f"the slow constraint compiled in {took:.2f} s")
-    assert len(during) >= 3, (took, len(during))
-    assert max(gaps) < took / 2, (took, max(gaps))
+    return took, during, max(gaps)
 
 
 def test_the_gateway_names_the_field(oai):
