@@ -83,10 +83,12 @@ async def embeddings(request: web.Request, client, body: dict, priority: int | N
 
 
 async def embed_all(request: web.Request, client, inputs: list, priority: int | None,
-                    user: str | None, param: str = "input") -> tuple[list[F32], int]:
+                    user: str | None, params: str | list[str] = "input"
+                    ) -> tuple[list[F32], int]:
     """Each input's vector, in order, and the prompt tokens they took: one engine request
-    per input, all at once under the user's cap. An engine refusal is an ApiError naming
-    `param` where the engine named the prompt."""
+    per input, all at once under the user's cap (a 429 before any is sent when they do not
+    fit). An engine refusal is an ApiError naming the input's field (`params`: one for all,
+    or each input's) where the engine named the prompt."""
     common = {"key_hash": key_hash(request), "user": user}
     if priority is not None:
         common["priority"] = priority
@@ -98,6 +100,7 @@ async def embed_all(request: web.Request, client, inputs: list, priority: int | 
             try:
                 i, d = await fan.next()
             except ClientError as e:
+                param = params if isinstance(params, str) else params[fan.failed]
                 raise ApiError(e.code if e.code in (400, 413, 429, 503) else 503, e.message,
                                param if e.param == "prompt" else e.param) from None
             if d.finish_reason == "abort" or (d.finish_reason and d.embedding is None):

@@ -30,6 +30,7 @@ class FanOut:
         self._tasks: list[asyncio.Task] = []
         # per prompt: its first choice answered (or ended), so its siblings may go
         self._first = [asyncio.Event() for _ in range(0, len(requests), n)]
+        self.failed: int | None = None   # the index of the choice whose failure next() raised
 
     async def __aenter__(self) -> FanOut:
         if hasattr(self._client, "hold"):   # a counted client (pool.UserClient): room for all
@@ -50,6 +51,7 @@ class FanOut:
         Call it only while some choice has not finished."""
         i, item = await self._queue.get()
         if isinstance(item, Exception):
+            self.failed = i
             raise item
         return i, item
 

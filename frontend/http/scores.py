@@ -58,18 +58,18 @@ def similarity(a: F32, b: F32) -> float:
 async def similarities(request: web.Request, client, body: dict, priority: int | None,
                        wanted: list[tuple[str, str]], fields: tuple[str, str]
                        ) -> tuple[list[float], int]:
-    """Each pair's score and the prompt tokens taken: every distinct text embedded once, the
-    left texts first, then the right ones not among them, so that an engine refusal (a text
-    reaching the context) names the field that holds the text."""
-    vectors: dict[str, F32] = {}
-    tokens = 0
+    """Each pair's score and the prompt tokens taken: every distinct text embedded once, in
+    one fan-out (the user's cap holds them all or refuses before any is sent), the left
+    texts first, so that an engine refusal (a text reaching the context) names the field
+    that holds the text."""
+    field_of: dict[str, str] = {}
     for side, field in enumerate(fields):
-        todo = [t for t in dict.fromkeys(pair[side] for pair in wanted) if t not in vectors]
-        if not todo:
-            continue
-        got, used = await embed_all(request, client, todo, priority, body.get("user"), field)
-        vectors.update(zip(todo, got))
-        tokens += used
+        for pair in wanted:
+            field_of.setdefault(pair[side], field)
+    todo = list(field_of)
+    got, tokens = await embed_all(request, client, todo, priority, body.get("user"),
+                                  [field_of[t] for t in todo])
+    vectors = dict(zip(todo, got))
     return [similarity(vectors[a], vectors[b]) for a, b in wanted], tokens
 
 

@@ -36,6 +36,9 @@ GUARDED = [("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}),
             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
            ("GET", "/v1/models", None), ("POST", "/tokenize", {"prompt": "hi"}),
            ("POST", "/detokenize", {"tokens": [1, 2]}), ("GET", "/tokenizer_info", None),
+           ("POST", "/v1/embeddings", {"input": "hi"}),
+           ("POST", "/v1/score", {"text_1": "a", "text_2": "b"}),
+           ("POST", "/v1/rerank", {"query": "a", "documents": ["b"]}),
            ("GET", "/v1/no-such-route", None)]
 
 

@@ -114,6 +114,33 @@ def test_a_user_is_capped_across_clients_and_a_body_counts_its_choices(engine):
     assert sa == 200, ba
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/embeddings", {"input": ["a", "b"]}),
+    ("/v1/score", {"text_1": "a", "text_2": ["b", "c"]}),
+    ("/v1/rerank", {"query": "a", "documents": ["b"]})])
+def test_the_embedding_routes_count_toward_the_users_cap(engine, path, body):
+    """Each text embedded is one engine request of the user: past the cap, a 429 before any
+    reaches the engine (another user's requests are not counted)."""
+    async def scenario(url, pool):
+        hang = "hang-e" + path   # the fake core holds it; held() counts every one it saw
+        one = asyncio.create_task(post(url, "127.0.3.5", {"prompt": hang, "max_tokens": 5}))
+        await until(lambda: held(engine, hang) == 1, timeout=20)
+        adds = held(engine, "")
+        conn = aiohttp.TCPConnector(local_addr=("127.0.3.5", 0))
+        async with aiohttp.ClientSession(connector=conn) as s:
+            async with s.post(url + path, json=body) as r:
+                status, reply = r.status, await r.json()
+        sent = held(engine, "") - adds
+        one.cancel()
+        await asyncio.gather(one, return_exceptions=True)
+        await until(lambda: pool.inflight_of("127.0.3.5") == 0, timeout=20)
+        return status, reply, sent
+
+    status, reply, sent = with_gateway(engine, scenario)
+    assert status == 429 and reply["error"]["type"] == "rate_limit_error", reply
+    assert sent == 0
+
+
 # ------------------------------------------------------------------ item 6: a reply's size
 
 
