@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import math
+import sqlite3
 import struct
 
 import openai
@@ -14,6 +16,8 @@ import pytest
 
 from frontend.client import AsyncClient, Client
 from frontend.client.common import ClientError
+from tests.conftest import snapshot_log, verify_log
+from tests.waiting import wait_until
 from tests.frontend.test_http_extras import GROUP_ARGS, NAME  # noqa: F401  (one group)
 
 
@@ -78,3 +82,28 @@ def test_the_client_refuses_generation_fields_on_an_embedding(group):
             list(c._stream(Generate("r1", "hi", max_tokens=1, logprobs=1, embed=True, wire=WIRE)))
         assert e.value.code == 400 and e.value.param == "logprobs"
         assert c.generate("hi", max_tokens=3).finish_reason == "length"
+
+
+def test_the_log_holds_each_vectors_digest_and_replays_with_the_model(group, tmp_path):
+    """Each vector served is in the step log as its length and the sha256 of its float32
+    bytes; `replay verify --with-model` recomputes them bit for bit, and fails on a digest
+    changed in the log."""
+    with Client(group.address) as c:
+        vectors = c.embed(["log me", "and me too", [9, 8, 7, 6]])
+    digests = {hashlib.sha256(struct.pack(f"<{len(v)}f", *v)).hexdigest() for v in vectors}
+    snapshot = tmp_path / "snapshot.db"
+
+    def logged() -> list:   # the core writes its log behind the replies
+        snapshot.unlink(missing_ok=True)
+        with sqlite3.connect(snapshot_log(group.log, snapshot)) as db:
+            rows = db.execute("SELECT dims, sha256 FROM embeddings").fetchall()
+        return rows if digests <= {h for _, h in rows} else []
+    rows = wait_until(logged, what="the vectors in the step log")
+    assert {d for d, _ in rows} == {len(vectors[0])}
+    r = verify_log(snapshot, "--with-model")
+    assert r.returncode == 0, r.stdout + r.stderr
+    with sqlite3.connect(snapshot) as db:
+        db.execute("UPDATE embeddings SET sha256 = ? WHERE sha256 = ?",
+                   ("0" * 64, next(iter(digests))))
+    r = verify_log(snapshot, "--with-model")
+    assert r.returncode != 0 and "embeddings" in r.stdout + r.stderr, r.stdout + r.stderr
