@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,35 +54,92 @@ def group_key(module) -> tuple:
 
 
 class GroupPool:
-    """The session's one live group of the `group` fixture. A start is seconds on 2 cores, so
-    a module whose flags are the last module's gets the same group (while it runs); another
-    module's flags stop it, checked, first. Only one runs: idle groups would hold memory."""
+    """The session's live group of the `group` fixture. A start is seconds on 2 cores, so a
+    module whose flags are the last module's gets the same group (while it runs); another
+    module's flags stop it, checked, first. The next flags of the run's order (`order`, what
+    pytest_collection_modifyitems leaves) start in the background while a module's tests
+    run: the suite uses about one core of two, and a start is ~3.5 s of imports. So at most
+    two groups live at once, the one in use and the next one starting or ready."""
 
-    def __init__(self, tmp_path_factory):
+    def __init__(self, tmp_path_factory, order: list[tuple] = ()):
         self._tmp = tmp_path_factory
+        self._order = list(order)
         self._key: tuple | None = None
         self._group: Group | None = None
         self._users: list[str] = []
+        self._next: tuple[tuple, threading.Thread, list] | None = None   # key, its start
 
     def get(self, module) -> Group:
         key = group_key(module)
         if self._group is None or key != self._key or not self._group.alive():
-            self.close()
-            args, env = key
-            self._group = start_group(self._tmp.mktemp("group"), list(args), env=dict(env))
-            self._key = key
+            self.close_current()
+            self._group, self._key = self._take_started(key) or self._start(key), key
+            self._prestart_after(key)
         self._users.append(module.__name__)
         return self._group
 
-    def close(self) -> None:
+    def close_current(self) -> None:
         g, self._group, users, self._users = self._group, None, self._users, []
         if g is not None:
             check_stopped(g, who=f"the group of {', '.join(users)}: ")
 
+    def close(self) -> None:
+        self.close_current()
+        started = self._take_started(None)
+        if started is not None:
+            check_stopped(started, who="a group started ahead and never used: ")
+
+    def _start(self, key: tuple) -> Group:
+        args, env = key
+        return start_group(self._tmp.mktemp("group"), list(args), env=dict(env))
+
+    def _prestart_after(self, key: tuple) -> None:
+        """Start the group of the first other flags after `key` in the run's order."""
+        later = self._order[self._order.index(key) + 1:] if key in self._order else []
+        nxt = next((k for k in later if k != key), None)
+        if nxt is None:
+            return
+        tmp, out = self._tmp.mktemp("group"), []   # mktemp on this thread, not the starter's
+
+        def start():
+            try:
+                out.append(start_group(tmp, list(nxt[0]), env=dict(nxt[1])))
+            except Exception as e:  # noqa: BLE001  (raised where the group is taken)
+                out.append(e)
+        t = threading.Thread(target=start, daemon=True)
+        t.start()
+        self._next = (nxt, t, out)
+
+    def _take_started(self, key: tuple | None) -> Group | None:
+        """The group started ahead if it is `key`'s (None: whichever it is); one started for
+        other flags is stopped, checked. Raises what its start raised."""
+        if self._next is None:
+            return None
+        nkey, thread, out = self._next
+        self._next = None
+        thread.join()
+        if isinstance(out[0], Exception):
+            raise out[0]
+        if key is None or nkey == key:
+            return out[0]
+        check_stopped(out[0], who="a group started ahead for other flags: ")
+        return None
+
+
+def group_order(items) -> list[tuple]:
+    """The group flags of `items`' modules, in run order."""
+    keys: list[tuple] = []
+    for item in items:
+        if item.module and "group" in item.fixturenames:
+            key = group_key(item.module)
+            if not keys or keys[-1] != key:
+                keys.append(key)
+    return keys
+
 
 @pytest.fixture(scope="session")
-def group_pool(tmp_path_factory):
-    pool = GroupPool(tmp_path_factory)
+def group_pool(request, tmp_path_factory):
+    pool = GroupPool(tmp_path_factory, group_order(request.session.items))
     try:
         yield pool
     finally:

@@ -270,7 +270,7 @@ def test_a_refused_client_keeps_getting_503_and_never_hangs(curved):
     other_public, other_secret = zmq.curve_keypair()
     with Client(eng.address, timeout=1.5, server_key=str(keys / "server.key"),
                 client_key=(other_public, other_secret)) as c:
-        for i in range(4):
+        for i in range(2):
             t0 = time.monotonic()
             with pytest.raises(ClientError) as e:
                 c.generate("hello", max_tokens=4, request_id=f"again{i}")
@@ -289,7 +289,7 @@ def test_a_refused_async_client_never_hangs_either(curved):
         codes = []
         async with AsyncClient(eng.address, timeout=1.5, client_key=other,
                                server_key=str(keys / "server.key")) as c:
-            for i in range(3):
+            for i in range(2):
                 try:
                     await c.generate("hello", max_tokens=4, request_id=f"a{i}")
                 except ClientError as e:
@@ -297,4 +297,4 @@ def test_a_refused_async_client_never_hangs_either(curved):
                 await asyncio.sleep(0.3)
         return codes
 
-    assert asyncio.run(asyncio.wait_for(main(), 30)) == [503, 503, 503]
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [503, 503]

@@ -103,6 +103,7 @@ def stuck_gateway_group(tmp_path, drain: str):
     return g, pids
 
 
+@pytest.mark.slow  # waits out the gateway's 11 s grace
 def test_a_stuck_gateway_is_killed_after_the_grace_and_nothing_is_left(tmp_path):
     g, pids = stuck_gateway_group(tmp_path, "1")   # the gateway's grace: 1 + 10 s
     try:

@@ -12,7 +12,6 @@ from core.blocks import FreeListBlocks
 from core.engine import Engine
 from core.prefill import Chunked
 from core.sched import Finished, Request, Scheduler, SchedulerConfig
-from tests.worker.test_trained import runner, stock  # noqa: F401  (the module's fixtures)
 from tests.worker.test_worker_engine import GREEDY
 
 TOL = 1e-5
@@ -27,15 +26,15 @@ def reference(model, prompt: list[int]) -> torch.Tensor:
     return torch.nn.functional.normalize(out.hidden_states[-1][0, -1].float(), dim=-1)
 
 
-def embed(runner, prompts, gens=(), max_chunk=None, max_batch_tokens=512):
+def embed(trained_runner, prompts, gens=(), max_chunk=None, max_batch_tokens=512):
     """Each prompt's vector from one engine, with `gens` ([(prompt, max_tokens)]) generating
     in the same steps; also whether some step ran a pooled chunk beside a decode."""
-    info = runner.info
+    info = trained_runner.info
     cfg = SchedulerConfig(max_seqs=16, max_batch_tokens=max_batch_tokens,
                           max_model_len=info.max_model_len)
     sched = Scheduler(cfg, FreeListBlocks(info.block_size, range(info.num_blocks)),
                       Chunked(max_chunk) if max_chunk else None)
-    eng = Engine(sched, runner, eos_ids=info.eos_ids)
+    eng = Engine(sched, trained_runner, eos_ids=info.eos_ids)
     gen_ids = [eng.add(Request(list(p), n), GREEDY, ignore_eos=True) for p, n in gens]
     ids = [eng.add(Request(list(p), 1, embed=True)) for p in prompts]
     got, beside, tokens = {}, False, {i: 0 for i in gen_ids}
@@ -50,21 +49,22 @@ def embed(runner, prompts, gens=(), max_chunk=None, max_batch_tokens=512):
     return [got[i] for i in ids], beside, tokens
 
 
-def test_the_hidden_size_is_announced(runner, stock):  # noqa: F811
-    assert runner.info.hidden_size == stock.config.hidden_size == 576
+def test_the_hidden_size_is_announced(trained_runner, trained_stock):
+    assert trained_runner.info.hidden_size == trained_stock.config.hidden_size == 576
 
 
-def test_alone_each_equals_transformers(runner, stock):  # noqa: F811
+def test_alone_each_equals_transformers(trained_runner, trained_stock):
     for p in PROMPTS:
-        (v,), _, _ = embed(runner, [p])
-        want = reference(stock, p)
+        (v,), _, _ = embed(trained_runner, [p])
+        want = reference(trained_stock, p)
         assert v.shape == want.shape and abs(v.norm().item() - 1) < 1e-5
         assert (v - want).abs().max().item() < TOL, p
 
 
-def test_batched_chunked_and_beside_generation_each_equals_transformers(runner, stock):  # noqa: F811
+def test_batched_chunked_and_beside_generation_each_equals_transformers(trained_runner,
+                                                                        trained_stock):
     gens = [([9, 8, 7], 30), (list(range(50, 90)), 25)]
-    vs, beside, tokens = embed(runner, PROMPTS * 2, gens, max_chunk=32, max_batch_tokens=96)
+    vs, beside, tokens = embed(trained_runner, PROMPTS * 2, gens, max_chunk=32, max_batch_tokens=96)
     assert beside and all(n == 30 or n == 25 for n in tokens.values())
     for p, v in zip(PROMPTS * 2, vs):
-        assert (v - reference(stock, p)).abs().max().item() < TOL, p
+        assert (v - reference(trained_stock, p)).abs().max().item() < TOL, p

@@ -40,9 +40,10 @@ def by_llama_quantize(scheme: str) -> Path:
     return out
 
 
-# the default suite serves one file (each costs ~25 s on 2 cores); the slow suite every one
-SOURCES = [pytest.param((make, s), marks=() if (make, s) == (made_here, "Q4_K_M")
-                        else pytest.mark.slow)
+# each file costs ~18-25 s on 2 cores (made, then read by transformers): the slow suite
+# serves every one (.ci/run); the default suite checks each block type's kernel against
+# gguf-py's dequantization and the batch invariance of its sums (test_kquant_kernels.py)
+SOURCES = [pytest.param((make, s), marks=pytest.mark.slow)
            for make in (made_here, by_llama_quantize) for s in SCHEMES]
 
 

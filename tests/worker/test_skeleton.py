@@ -58,6 +58,7 @@ def gguf_built(path, tensors=None):
                           read), swap
 
 
+@pytest.mark.slow  # transformers dequantizes the whole file: ~11 s on 2 cores
 def test_the_registry_model_on_its_blocks_is_from_pretrained_then_swapped():
     """What make_runner builds for the default against transformers' own load of the GGUF
     file (every tensor dequantized), swapped the same way."""

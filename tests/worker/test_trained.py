@@ -11,9 +11,9 @@ from transformers import AutoTokenizer
 
 from frontend.http.chat import ChatTemplate
 from frontend.tokenizer import Tokenizer
-from worker.load import make_runner, resolve_checkpoint
+from worker.load import resolve_checkpoint
 
-from tests.gguf_files import smollm2, transformers_model
+from tests.gguf_files import smollm2
 from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy
 
 QUESTIONS = (
@@ -50,29 +50,17 @@ def reference_tokenizer():
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-@pytest.fixture(scope="module")
-def runner():
-    """The engine's worker as served: the batch-invariant mode where the model allows it."""
-    return make_runner("smollm2", num_blocks=256, batch_invariant=None)
-
-
-@pytest.fixture(scope="module")
-def stock():
-    """transformers' own reading of the GGUF file (the cached directory holds no weights)."""
-    return transformers_model(smollm2())
-
-
-def test_the_registry_file_is_served_on_its_own_blocks(runner):
+def test_the_registry_file_is_served_on_its_own_blocks(trained_runner):
     """The default: the Q4_1 file's 210 layers on their blocks, and its Q8_0 token embedding
     as both the embedding and the (tied) output head; the graph recorded over them."""
     from worker.linear.quant_module import QuantEmbedding, QuantLinear
-    q = runner.info.quantization
+    q = trained_runner.info.quantization
     assert q["mode"] == "gguf"
     assert sorted(set(q["layers"].values())) == ["Q4_1", "Q8_0"]
     assert [n for n, t in q["layers"].items() if t == "Q8_0"] == ["model.embed_tokens", "lm_head"]
-    assert sum(isinstance(m, QuantLinear) for m in runner.model.modules()) == 211
-    assert isinstance(runner.model.get_input_embeddings(), QuantEmbedding)
-    assert runner.graph is not None and runner.info.batch_invariant
+    assert sum(isinstance(m, QuantLinear) for m in trained_runner.model.modules()) == 211
+    assert isinstance(trained_runner.model.get_input_embeddings(), QuantEmbedding)
+    assert trained_runner.graph is not None and trained_runner.info.batch_invariant
 
 
 def messages(question: str) -> list[dict]:
@@ -93,15 +81,17 @@ def test_the_chat_template_renders_as_transformers_does(checkpoint, reference_to
 
 
 @pytest.mark.slow  # 16 chat prompts through transformers generate: ~45 s on 2 cores
-def test_greedy_tokens_equal_transformers_generate(runner, stock, reference_tokenizer):
+def test_greedy_tokens_equal_transformers_generate(trained_runner, trained_stock,
+                                                   reference_tokenizer):
     prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS]
-    ours, _ = run_engine(runner, [(p, NEW_TOKENS, GREEDY) for p in prompts], max_chunk=64)
+    ours, _ = run_engine(trained_runner, [(p, NEW_TOKENS, GREEDY) for p in prompts],
+                         max_chunk=64)
     partings = []
     for q, p, got in zip(QUESTIONS, prompts, ours):
-        want = stock_greedy(stock, p, NEW_TOKENS)
+        want = stock_greedy(trained_stock, p, NEW_TOKENS)
         if got != want:
             at = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-            partings.append((q, at, _margin(stock, p + want[:at])))
+            partings.append((q, at, _margin(trained_stock, p + want[:at])))
     assert all(m < MARGIN for _, _, m in partings) and len(partings) <= 1, (
         "request, position, top-2 margin where the engine parts from transformers: "
         f"{partings}")
@@ -119,13 +109,14 @@ def _margin(model, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def test_prompt_logprobs_equal_transformers_log_softmax(runner, stock, reference_tokenizer):
+def test_prompt_logprobs_equal_transformers_log_softmax(trained_runner, trained_stock,
+                                                       reference_tokenizer):
     """Chat prompts and a plain passage, batched, in 32-token chunks: each prompt token's
     logprob, its rank and the top 3 within 1e-4 of transformers' log_softmax."""
     from tests.worker.test_prompt_logprobs import check_against, collect, engine
     passage = reference_tokenizer("The river rose slowly through the night, and by morning "
                                   "the old stone bridge stood in a wide brown lake.")["input_ids"]
     prompts = [_ids(reference_tokenizer, q) for q in QUESTIONS[:3]] + [list(passage)]
-    got = collect(engine(runner, max_chunk=32), [(p, 1) for p in prompts])
+    got = collect(engine(trained_runner, max_chunk=32), [(p, 1) for p in prompts])
     for p, g in zip(prompts, got):
-        check_against(stock, p, g)
+        check_against(trained_stock, p, g)
