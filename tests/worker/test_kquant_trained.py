@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
+from tests.gguf_files import transformers_model
 from tests.kquant_files import SCHEMES, mixed_file
 from tests.worker.test_trained import MARGIN, NEW_TOKENS, QUESTIONS, _ids, _margin
 from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy
@@ -52,8 +53,7 @@ def served(request):
     make, scheme = request.param
     path = make(scheme)
     runner = make_runner(str(path), num_blocks=256, batch_invariant=None)
-    stock = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 attn_implementation="sdpa").eval()
+    stock = transformers_model(path)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return scheme, runner, stock, tok
 
