@@ -22,8 +22,10 @@ SLOWER = all_of_any_of(5, 5)      # fails to build, after about a second
 MESSAGES = [{"role": "user", "content": "Give me JSON"}]
 
 
-def json_format(c) -> dict:
-    return {"type": "json_schema", "json_schema": {"name": "s", "schema": json.loads(c.text)}}
+def json_format(c, **extra) -> dict:
+    """`c`'s schema as a response_format, with `extra` keys added to the schema."""
+    return {"type": "json_schema",
+            "json_schema": {"name": "s", "schema": {**json.loads(c.text), **extra}}}
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +100,8 @@ def stream_during_a_compile(group, engine, n: int) -> tuple[float, list[float], 
     try:
         assert started.wait(60)
         sent = time.monotonic()
-        schema = {**json.loads(SLOWER.text), "description": f"try {n}"}   # a new key
-        err, took = refusal(engine, f"slower-{n}", response_format={
-            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        err, took = refusal(engine, f"slower-{n}",   # a description makes it a new key
+                            response_format=json_format(SLOWER, description=f"try {n}"))
         answered = sent + took
         deadline[0] = answered + 0.2
     finally:
