@@ -12,7 +12,8 @@ What changes, recursively through every subschema (`properties`, `items`, `prefi
   is held to JSON's safe integers, +-(2**53 - 1), so that its digits end (the trained model
   wrote `"minutes":1000...` to max_tokens without it);
 - a string (`"type": "string"`) with none of `maxLength`, `pattern`, `format`, `enum` or
-  `const` is at most MAX_STRING characters (it wrote a search query as "tallest-tallest-..."
+  `const` is at most `max_string` characters (MAX_STRING unless the caller fits it to a
+  token budget, frontend/tool_grammar.py; it wrote a search query as "tallest-tallest-..."
   to max_tokens without it); a schema that gives its own `maxLength` gets what it says.
 What does not: an object that names no properties (`{"type": "object"}`: any object is
 what it says), and the branches of an `allOf` (closing one would refuse its siblings'
@@ -30,30 +31,53 @@ MAX_STRING = 512
 STRING_BOUNDS = ("maxLength", "pattern", "format", "enum", "const")
 
 
-def strict_parameters(schema: dict, all_required: bool = False) -> dict:
+def strict_parameters(schema: dict, all_required: bool = False,
+                      max_string: int = MAX_STRING) -> dict:
     """A copy of `schema` with its named-property objects closed (see the module)."""
-    return _strict(schema, all_required, close=True)
+    return _strict(schema, all_required, close=True, max_string=max_string)
 
 
-def _strict(schema, all_required: bool, close: bool):
+def unbounded_strings(schema: dict) -> int:
+    """How many string schemas in `schema` take the default bound (the ones a call's
+    token budget is shared between)."""
+    marked = strict_parameters(schema, max_string=_MARK)
+    return _count_marks(marked)
+
+
+_MARK = -1   # a bound no schema gives: marks the strings that took the default
+
+
+def _count_marks(node) -> int:
+    if isinstance(node, list):
+        return sum(_count_marks(v) for v in node)
+    if not isinstance(node, dict):
+        return 0
+    own = node.get("type") == "string" and node.get("maxLength") == _MARK
+    return own + sum(_count_marks(v) for v in node.values())
+
+
+def _strict(schema, all_required: bool, close: bool, max_string: int):
     if not isinstance(schema, dict):
         return schema   # `true`/`false` schemas and malformed parts: llguidance judges them
     out = dict(schema)
+
+    def inner(v, closes: bool = True):
+        return _strict(v, all_required, closes, max_string)
+
     for key in MAP_KEYS:
         if isinstance(out.get(key), dict):
-            out[key] = {k: _strict(v, all_required, True) for k, v in out[key].items()}
+            out[key] = {k: inner(v) for k, v in out[key].items()}
     for key in LIST_KEYS:
         if isinstance(out.get(key), list):
-            out[key] = [_strict(v, all_required, True) for v in out[key]]
+            out[key] = [inner(v) for v in out[key]]
     for key in ONE_KEYS:
         if key in out:
             items = out[key]
-            out[key] = ([_strict(v, all_required, True) for v in items]
-                        if isinstance(items, list) else _strict(items, all_required, True))
+            out[key] = [inner(v) for v in items] if isinstance(items, list) else inner(items)
     if isinstance(out.get("allOf"), list):
-        out["allOf"] = [_strict(v, all_required, False) for v in out["allOf"]]
+        out["allOf"] = [inner(v, False) for v in out["allOf"]]
     if out.get("type") == "string" and not any(k in out for k in STRING_BOUNDS):
-        out["maxLength"] = MAX_STRING
+        out["maxLength"] = max_string
     if out.get("type") == "integer":
         if "minimum" not in out and "exclusiveMinimum" not in out:
             out["minimum"] = -SAFE_INTEGER

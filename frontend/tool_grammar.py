@@ -9,6 +9,16 @@ Every sentence of the grammar is finite and it ends after the last call (Hermes:
 optional newline), so a model that has written its calls can only write EOS: the reply
 ends `stop`, which the gateway answers as `tool_calls`.
 
+Fitted to the reply's token budget (its max_tokens): a model that loops inside what the
+grammar allows (the trained 135M model wrote a 512-character string and then the same
+call again, to max_tokens) must still close its last call in time. Every token writes at
+least one character, so the calls allowed and each unbounded string's length are chosen
+so that the calls' characters fit the budget: at most one call per CALL_TOKENS of budget
+(up to MAX_PARALLEL_CALLS), and a call's share of the budget, less its keys and
+punctuation, split between its unbounded strings (MIN_STRING to MAX_STRING characters
+each). An escape (`\n`, `\u00e9`) writes one character in several, and numbers have no
+digit bound, so this is a fit, not a proof; a schema's own `maxLength` is kept.
+
 The grammar is a Lark text with one llguidance `%json` rule per function (its schema's
 `$defs` lifted to the rule's root so that its `#/$defs/...` references still resolve); it
 travels as an ordinary `grammar` constraint.
@@ -18,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from frontend.strict_schema import strict_parameters
+from frontend.strict_schema import MAX_STRING, strict_parameters, unbounded_strings
 from frontend.tool_parsers import CLOSE, HERMES, LLAMA3, OPEN
 
 # A function without parameters takes none: its arguments are {}.
@@ -27,6 +37,9 @@ _COMPACT = {"whitespace_flexible": False}   # as worker/grammar_text.py's JSON_O
 # The most calls one reply holds with parallel_tool_calls: a bound, so that a model that
 # keeps writing calls must stop after this many (OpenAI documents none).
 MAX_PARALLEL_CALLS = 8
+CALL_TOKENS = 512       # the budget each parallel call needs
+MIN_STRING = 32         # the shortest bound a budget gives an unbounded string
+CALL_FRAME = 64         # a call's characters outside its arguments' names and values
 
 
 @dataclass(frozen=True)
@@ -45,10 +58,11 @@ SHAPES = {HERMES: CallShape(OPEN + "\n", "\n" + CLOSE, "\n", "arguments", "\n"),
 
 
 def call_schema(name: str, parameters: dict | None, key: str = "arguments",
-                strict: bool = False) -> dict:
+                strict: bool = False, max_string: int = MAX_STRING) -> dict:
     """The JSON schema of one call of `name`; `strict`: the function's `strict` (every
     named property required, frontend/strict_schema.py)."""
-    params = strict_parameters(NO_PARAMETERS if parameters is None else parameters, strict)
+    params = strict_parameters(NO_PARAMETERS if parameters is None else parameters, strict,
+                               max_string)
     lifted = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
     params.pop("$schema", None)
     return {"type": "object",
@@ -57,18 +71,52 @@ def call_schema(name: str, parameters: dict | None, key: str = "arguments",
             **lifted, "x-guidance": _COMPACT}
 
 
-def call_grammar(functions: list[dict], fmt: str, parallel: bool) -> str:
+def most_calls(parallel: bool, budget: int | None) -> int:
+    """The calls a reply may hold: one, or with `parallel` one per CALL_TOKENS of the
+    budget, MAX_PARALLEL_CALLS at most (all of them where no budget is given)."""
+    if not parallel:
+        return 1
+    return MAX_PARALLEL_CALLS if budget is None else max(1, min(MAX_PARALLEL_CALLS,
+                                                               budget // CALL_TOKENS))
+
+
+def string_bound(function: dict, calls: int, budget: int | None) -> int:
+    """The characters each of `function`'s unbounded strings may take when `calls` calls
+    share `budget` tokens (MAX_STRING where no budget is given)."""
+    params = function.get("parameters")
+    strings = unbounded_strings(NO_PARAMETERS if params is None else params)
+    if budget is None or strings == 0:
+        return MAX_STRING
+    frame = CALL_FRAME + len(function["name"]) + _names_length(params)
+    share = (budget // calls - frame) // strings
+    return max(MIN_STRING, min(MAX_STRING, share))
+
+
+def call_grammar(functions: list[dict], fmt: str, parallel: bool,
+                 budget: int | None = None) -> str:
     """Lark text: calls of `functions` ([{"name", "parameters"?, "strict"?}], the ones
-    allowed): one, or with `parallel` one to MAX_PARALLEL_CALLS."""
-    shape = SHAPES[fmt]
-    rules = [f"f{i}: %json " + json.dumps(call_schema(f["name"], f.get("parameters"),
-                                                      shape.key, f.get("strict") is True))
-             for i, f in enumerate(functions)]
+    allowed): one, or with `parallel` up to most_calls, fitted to `budget` tokens (the
+    reply's max_tokens; None: the fixed bounds alone)."""
+    shape, calls = SHAPES[fmt], most_calls(parallel, budget)
+    rules = [f"f{i}: %json " + json.dumps(call_schema(
+        f["name"], f.get("parameters"), shape.key, f.get("strict") is True,
+        string_bound(f, calls, budget))) for i, f in enumerate(functions)]
     body = " | ".join(f"f{i}" for i in range(len(functions)))
     call = " ".join(x for x in (_lit(shape.open), f"({body})", _lit(shape.close)) if x)
-    more = f" ({_lit(shape.sep)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
+    more = f" ({_lit(shape.sep)} call){{0,{calls - 1}}}" if calls > 1 else ""
     tail = f" {_lit(shape.tail)}?" if shape.tail else ""
     return "\n".join([f"start: call{more}{tail}", f"call: {call}", *rules]) + "\n"
+
+
+def _names_length(schema) -> int:
+    """The characters of every property name in `schema`, quotes and colon included."""
+    if isinstance(schema, list):
+        return sum(_names_length(v) for v in schema)
+    if not isinstance(schema, dict):
+        return 0
+    props = schema.get("properties")
+    own = sum(len(k) + 4 for k in props) if isinstance(props, dict) else 0
+    return own + sum(_names_length(v) for v in schema.values())
 
 
 def _lit(s: str) -> str:

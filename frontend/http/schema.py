@@ -183,7 +183,7 @@ def _tool_constraint(msg: Generate, tools: ToolAsk, fmt: str,
                             "calls: give no response_format or structured_outputs with it",
                        "tool_choice")
     return replace(msg, response_format=None,
-                   structured_outputs=tools.structured_outputs(fmt, compiles))
+                   structured_outputs=tools.structured_outputs(fmt, compiles, msg.max_tokens))
 
 
 def _chat_max_tokens(body: dict) -> int | None:

@@ -42,13 +42,14 @@ class ToolAsk:
         fns = [t["function"] for t in self.tools]
         return [f for f in fns if f["name"] == self.name] if self.name else fns
 
-    def structured_outputs(self, fmt: str, compiles: CompileCheck | None = None) -> dict | None:
+    def structured_outputs(self, fmt: str, compiles: CompileCheck | None = None,
+                           budget: int | None = None) -> dict | None:
         """The engine's constraint for a reply in `fmt` (frontend/tool_parsers.py FORMATS),
-        None where nothing is constrained."""
+        fitted to `budget` tokens (its max_tokens), None where nothing is constrained."""
         if not self.constrains:
             return None
         # a named function is called once, parallel_tool_calls or not (as vLLM does)
-        text = call_grammar(self.functions, fmt, self.parallel and self.name is None)
+        text = call_grammar(self.functions, fmt, self.parallel and self.name is None, budget)
         if len(text) > MAX_CONSTRAINT_CHARS:
             raise ApiError(400, f"tools: the calls' grammar is {len(text)} characters; at "
                                 f"most {MAX_CONSTRAINT_CHARS}", "tools")

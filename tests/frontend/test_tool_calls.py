@@ -20,6 +20,7 @@ from frontend.http.format import Tally
 from frontend.http.schema import parse_chat
 from frontend.http.tool_replies import ToolChatFormat, call_id, chat_format
 from frontend.http.tools import tool_ask
+from frontend.tool_grammar import most_calls, string_bound
 from frontend.tool_parsers import HERMES, LLAMA3, parse
 
 WEATHER = {"type": "function", "function": {
@@ -223,6 +224,23 @@ def test_required_with_another_constraint_is_a_400():
     assert e.value.param == "tool_choice"
     body["response_format"] = {"type": "text"}
     assert parse_chat(body, None, FakeChat(), 64, 64).msg.structured_outputs
+
+
+def test_a_chat_request_fits_its_calls_to_its_max_tokens():
+    """parse_chat gives the tool grammar the request's max_tokens as its budget
+    (tests/frontend/test_tool_finish.py checks the fit itself)."""
+    email = {"type": "function", "function": {"name": "send_email", "parameters": {
+        "type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}}}}}
+    grammars = {}
+    for max_tokens in (600, 6000):
+        body = {"messages": [{"role": "user", "content": "mail"}], "tools": [email],
+                "tool_choice": "required", "max_tokens": max_tokens}
+        gen = parse_chat(body, None, FakeChat(), 8192, 8192)
+        grammars[max_tokens] = gen.msg.structured_outputs["grammar"]
+    for max_tokens, grammar in grammars.items():
+        bound = string_bound(email["function"], most_calls(True, max_tokens), max_tokens)
+        assert f'"maxLength": {bound}' in grammar, max_tokens
+    assert grammars[600] != grammars[6000]
 
 
 HISTORY = USER + [

@@ -14,7 +14,8 @@ from frontend import bounded_json as bj
 from frontend.http.tools import tool_ask
 from frontend.strict_schema import MAX_STRING, strict_parameters
 from frontend.structured import constraint_of
-from frontend.tool_grammar import MAX_PARALLEL_CALLS
+from frontend.tool_grammar import (CALL_TOKENS, MAX_PARALLEL_CALLS, MIN_STRING, most_calls,
+                                   string_bound)
 from frontend.tool_parsers import HERMES, LLAMA3
 from worker.grammar_text import byte_tokenizer, grammar_of
 
@@ -27,8 +28,8 @@ def fn(name: str, **kw) -> dict:
     return {"type": "function", "function": {"name": name, **kw}}
 
 
-def matcher(body: dict, fmt: str = HERMES):
-    grammar = tool_ask(body).structured_outputs(fmt)["grammar"]
+def matcher(body: dict, fmt: str = HERMES, budget: int | None = None):
+    grammar = tool_ask(body).structured_outputs(fmt, budget=budget)["grammar"]
     m = llguidance.LLMatcher(byte_tokenizer(), llguidance.LLMatcher.grammar_from_lark(grammar),
                              log_level=0)
     assert not m.is_error(), m.get_error()
@@ -175,6 +176,55 @@ def test_llama3_calls_are_bounded_and_end_on_the_object():
     assert take(m, "; ".join([call] * MAX_PARALLEL_CALLS)) and only_eos_next(m)
     one = matcher({**body, "parallel_tool_calls": False}, LLAMA3)
     assert take(one, call) and only_eos_next(one)
+
+
+# ------------------------------------------------------------------ fitted to max_tokens
+
+EMAIL = fn("send_email", parameters={"type": "object", "properties": {
+    "to": {"type": "string"}, "subject": {"type": "string"}, "body": {"type": "string"}},
+    "required": ["to", "subject", "body"]})
+
+
+def longest_email(bound: int) -> dict:
+    return {"name": "send_email",
+            "arguments": {"to": "t" * bound, "subject": "s" * bound, "body": "b" * bound}}
+
+
+def test_the_calls_allowed_follow_the_budget():
+    assert most_calls(False, 10_000) == 1 and most_calls(True, None) == MAX_PARALLEL_CALLS
+    assert most_calls(True, CALL_TOKENS - 1) == 1 and most_calls(True, 2 * CALL_TOKENS) == 2
+    assert most_calls(True, 100 * CALL_TOKENS) == MAX_PARALLEL_CALLS
+    body = {"tools": [WEATHER], "tool_choice": "required"}
+    m = matcher(body, budget=2 * CALL_TOKENS)
+    assert take(m, hermes(2, PARIS) + "\n") and only_eos_next(m)
+    assert not take(matcher(body, budget=2 * CALL_TOKENS), hermes(3, PARIS))
+
+
+@pytest.mark.parametrize("budget", [512, 1024, 3000])
+def test_the_longest_reply_a_budget_allows_fits_it_in_characters(budget):
+    """Every token writes at least one character, so a reply of the grammar's longest
+    calls (every unbounded string at its bound) still fits max_tokens tokens."""
+    body = {"tools": [EMAIL], "tool_choice": "required"}
+    calls = most_calls(True, budget)
+    bound = string_bound(EMAIL["function"], calls, budget)
+    assert MIN_STRING < bound < MAX_STRING
+    longest = hermes(calls, longest_email(bound)) + "\n"
+    assert len(longest) <= budget
+    m = matcher(body, budget=budget)
+    assert take(m, longest) and only_eos_next(m)
+    m = matcher(body, budget=budget)   # a string one character longer must close instead
+    assert take(m, '<tool_call>\n{"name":"send_email","arguments":{"to":"' + "t" * bound)
+    assert not take(m, "t") and take(m, '"')
+
+
+def test_no_budget_and_a_large_one_keep_the_fixed_bounds():
+    assert string_bound(EMAIL["function"], MAX_PARALLEL_CALLS, None) == MAX_STRING
+    assert string_bound(EMAIL["function"], MAX_PARALLEL_CALLS, 10**6) == MAX_STRING
+    assert string_bound(EMAIL["function"], 1, 10) == MIN_STRING   # never below the floor
+    own = fn("f", parameters={"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 900}}})
+    m = matcher({"tools": [own], "tool_choice": "required"}, budget=CALL_TOKENS)
+    assert take(m, '<tool_call>\n{"name":"f","arguments":{"s":"' + "x" * 900 + '"}}')
 
 
 # ------------------------------------------------------------------ json_object
