@@ -148,6 +148,20 @@ def test_a_rows_result_does_not_depend_on_the_batch(lib, qtype):
     batch_invariant(qw, x, b, (2, 3, 4, 5, 6, 7, 11, 15, 16, 17, 31, 33, 64, 300))
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_long_rows_take_narrower_strips_with_the_same_bits(lib, qtype):
+    """Past LONG_ROW (4096) inputs the decoded path takes 24-column strips (quant_gemm.c
+    strip_cols): 53 columns are two strips and a ragged 5; rows alone equal rows in calls
+    that decode, on AVX-512 and AVX2 alike, within float32's bound of the exact product."""
+    k = 4096 + 512
+    qw, x, b = quantize(weight(53, k), qtype), rows(40, k), torch.randn(53)
+    batch_invariant(qw, x, b, (2, 5, 6, 16, 17, 33, 40))
+    y = quant.matmul(x, qw, b)
+    assert within_bound(y, x, qw, b, chain("kernel", k))
+    avx2 = quant.load(("-mno-avx512f",))
+    assert torch.equal(quant.matmul(x, qw, b, lib=avx2), y)
+
+
 def batch_invariant(qw: quant.QuantWeight, x: torch.Tensor, b: torch.Tensor, sizes) -> None:
     """Rows alone equal rows in calls of each size in `sizes` (and of rows 7-18), and 1
     thread equals 2 on 1 and 40 rows."""

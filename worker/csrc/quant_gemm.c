@@ -125,8 +125,8 @@ static const tiles *tiles_of(int type) {
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-/* A call of PRE_ROWS rows or more decodes each weight once, NC columns at a time, into
- * floats that stay in L2 (NC x k x 4 bytes), and multiplies them in PR x PC tiles. The
+/* A call of PRE_ROWS rows or more decodes each weight once, NC columns at a time (NC / 2
+ * for long rows), into floats that stay in L2 (NC x k x 4 bytes), and multiplies them in PR x PC tiles. The
  * tiles above decode a block once per tile of rows they run (on AVX2, 2 rows: a 64-row call
  * decodes every block 32 times), and read one operand of every multiply-add from L1 (x, or
  * the decoded weights), as many loads as multiply-adds: on AVX-512 bound by L1's bandwidth
@@ -134,7 +134,14 @@ static const tiles *tiles_of(int type) {
  * loaded once into registers (the empty asm keeps the compiler from folding them back into
  * memory operands). Every output is still summed in the order at the head of this file: the
  * bits are the same. */
-#define NC 48                                /* a multiple of PC */
+#define NC 48                                /* a multiple of 2 x PC */
+/* A long row (the MLP's down projection, k 8192 on a 1B model) takes strips of NC / 2
+ * columns: a 48-column strip of it is 1.5 MB of floats, and beside x's rows L2 no longer
+ * keeps it. Measured at 64 and 256 rows, k 8192 (scripts/benchmarks/kernel_rows.py shapes):
+ * 1.08-1.25x on AVX-512, 1.12-1.16x on AVX2, for Q4_0, Q4_K and Q6_K; at k 2048 NC / 2 was
+ * no faster. A strip's width does not touch the order an output is summed in. */
+#define LONG_ROW 4096
+static inline int64_t strip_cols(int64_t k) { return k > LONG_ROW ? NC / 2 : NC; }
 #if defined(__AVX512F__)
 #define PRE_ROWS 16
 #define PR 4
@@ -267,12 +274,13 @@ static int decoded_matmul(const float *x, const uint8_t *w, int type, const floa
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
-        float *buf = aligned_alloc(64, NC * k * sizeof(float));
+        const int64_t nc = strip_cols(k);
+        float *buf = aligned_alloc(64, nc * k * sizeof(float));
         failed = buf == NULL;
         #pragma omp for schedule(static)
-        for (int64_t n0 = 0; n0 < n; n0 += NC) {
+        for (int64_t n0 = 0; n0 < n; n0 += nc) {
             if (buf == NULL) continue;
-            int64_t cols = n - n0 < NC ? n - n0 : NC;
+            int64_t cols = n - n0 < nc ? n - n0 : nc;
             decode_rows(type, w + n0 * ldw, ldw, blocks, cols, buf);
             decoded_strip(x, m, k, buf, cols, b ? b + n0 : 0, y + n0, n);
         }
