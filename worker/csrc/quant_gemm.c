@@ -126,9 +126,9 @@ static const tiles *tiles_of(int type) {
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 /* A call of PRE_ROWS rows or more decodes each weight once, NC columns at a time (NC / 2
- * for long rows), into floats that stay in L2 (NC x k x 4 bytes), and multiplies them in PR x PC tiles. The
- * tiles above decode a block once per tile of rows they run (on AVX2, 2 rows: a 64-row call
- * decodes every block 32 times), and read one operand of every multiply-add from L1 (x, or
+ * for long rows: strip_cols), into floats that stay in L2 (NC x k x 4 bytes), and
+ * multiplies them in PR x PC tiles. The tiles above decode a block once per tile of rows
+ * they run (on AVX2, 2 rows: a 64-row call decodes every block 32 times), and read one operand of every multiply-add from L1 (x, or
  * the decoded weights), as many loads as multiply-adds: on AVX-512 bound by L1's bandwidth
  * at ~65% of the FMA peak. Here a half block's PC weight vectors and each row's x vector are
  * loaded once into registers (the empty asm keeps the compiler from folding them back into
@@ -137,8 +137,8 @@ static const tiles *tiles_of(int type) {
 #define NC 48                                /* a multiple of 2 x PC */
 /* A long row (the MLP's down projection, k 8192 on a 1B model) takes strips of NC / 2
  * columns: a 48-column strip of it is 1.5 MB of floats, and beside x's rows L2 no longer
- * keeps it. Measured at 64 and 256 rows, k 8192 (scripts/benchmarks/kernel_rows.py shapes):
- * 1.08-1.25x on AVX-512, 1.12-1.16x on AVX2, for Q4_0, Q4_K and Q6_K; at k 2048 NC / 2 was
+ * keeps it. scripts/benchmarks/kernel_rows.py, k 8192 -> 2048 at 64 and 256 rows, against
+ * 48 columns: Q4_K and Q6_K 1.13-1.17x on AVX-512, 1.07-1.11x on AVX2; at k 2048 NC / 2 was
  * no faster. A strip's width does not touch the order an output is summed in. */
 #define LONG_ROW 4096
 static inline int64_t strip_cols(int64_t k) { return k > LONG_ROW ? NC / 2 : NC; }
