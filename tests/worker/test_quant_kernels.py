@@ -143,9 +143,11 @@ def lib():
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_a_rows_result_does_not_depend_on_the_batch(lib, qtype):
     # 101 columns: two of the kernel's 48-column decoded chunks and a ragged third; from 16
-    # rows on (6 with AVX2), the call multiplies decoded weights (quant_gemm.c, PRE_ROWS)
+    # rows on (24 for the 32-weight types on AVX-512, 6 with AVX2), the call multiplies
+    # decoded weights (quant_gemm.c, PRE_ROWS and PRE_ROWS_BIG)
     qw, x, b = quantize(weight(101, 128), qtype), rows(300, 128), torch.randn(101)
-    batch_invariant(qw, x, b, (2, 3, 4, 5, 6, 7, 11, 15, 16, 17, 31, 33, 64, 300))
+    batch_invariant(qw, x, b, (2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 16, 17, 23, 24, 25, 31, 33, 64,
+                               300))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

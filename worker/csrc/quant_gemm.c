@@ -104,11 +104,19 @@ typedef void (*tile_fn)(const float *, int64_t, const uint8_t *, int64_t, int64_
 #define ROW(T, R) {tile_##T##_##R##_1, tile_##T##_##R##_2, tile_##T##_##R##_3, tile_##T##_##R##_4}
 /* A type's tiles: RT x NT and smaller, and its BR x BC one (a call of at least BR rows takes
  * it, where the ISA has it), or 0. Every tile sums an output in the same order, so a row's
- * result does not depend on which tile it fell in. */
+ * result does not depend on which tile it fell in.
+ * The super-block types have no big tile: beside its 24 accumulators, a K-quant's decode
+ * (sub-block scales and mins, masks) no longer fits the registers. scripts/benchmarks/
+ * kernel_rows.py, AVX-512, 8 and 12 rows (the path below PRE_ROWS), 4 x 4 tiles against
+ * 8 x 3: Q4_K 1.13-1.21x, Q5_K 1.01-1.06x, Q6_K 1.00-1.08x; the 32-weight types keep theirs
+ * (Q8_0 0.90x, Q5_0 0.84x without it). */
 typedef struct { tile_fn small[4][4], big; } tiles;
-#define TILES(T) TILES_C(T, 1) TILES_C(T, 2) TILES_C(T, 3) TILES_C(T, 4) BIG(T)              \
-    static const tiles TILES_##T = {{ROW(T, 1), ROW(T, 2), ROW(T, 3), ROW(T, 4)}, BIG_FN(T)};
-TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0) TILES(Q4_K) TILES(Q5_K) TILES(Q6_K)
+#define TABLE(T, BIG_TILE) TILES_C(T, 1) TILES_C(T, 2) TILES_C(T, 3) TILES_C(T, 4)           \
+    static const tiles TILES_##T = {{ROW(T, 1), ROW(T, 2), ROW(T, 3), ROW(T, 4)}, BIG_TILE};
+#define TILES(T) BIG(T) TABLE(T, BIG_FN(T))
+#define TILES_NO_BIG(T) TABLE(T, 0)
+TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0)
+TILES_NO_BIG(Q4_K) TILES_NO_BIG(Q5_K) TILES_NO_BIG(Q6_K)
 
 static const tiles *tiles_of(int type) {
     switch (type) {
@@ -128,12 +136,12 @@ static const tiles *tiles_of(int type) {
 /* A call of PRE_ROWS rows or more decodes each weight once, NC columns at a time (NC / 2
  * for long rows: strip_cols), into floats that stay in L2 (NC x k x 4 bytes), and
  * multiplies them in PR x PC tiles. The tiles above decode a block once per tile of rows
- * they run (on AVX2, 2 rows: a 64-row call decodes every block 32 times), and read one operand of every multiply-add from L1 (x, or
- * the decoded weights), as many loads as multiply-adds: on AVX-512 bound by L1's bandwidth
- * at ~65% of the FMA peak. Here a half block's PC weight vectors and each row's x vector are
- * loaded once into registers (the empty asm keeps the compiler from folding them back into
- * memory operands). Every output is still summed in the order at the head of this file: the
- * bits are the same. */
+ * they run (on AVX2, 2 rows: a 64-row call decodes every block 32 times), and read one
+ * operand of every multiply-add from L1 (x, or the decoded weights), as many loads as
+ * multiply-adds: on AVX-512 bound by L1's bandwidth at ~65% of the FMA peak. Here a half
+ * block's PC weight vectors and each row's x vector are loaded once into registers (the
+ * empty asm keeps the compiler from folding them back into memory operands). Every output
+ * is still summed in the order at the head of this file: the bits are the same. */
 #define NC 48                                /* a multiple of 2 x PC */
 /* A long row (the MLP's down projection, k 8192 on a 1B model) takes strips of NC / 2
  * columns: a 48-column strip of it is 1.5 MB of floats, and beside x's rows L2 no longer
@@ -143,7 +151,11 @@ static const tiles *tiles_of(int type) {
 #define LONG_ROW 4096
 static inline int64_t strip_cols(int64_t k) { return k > LONG_ROW ? NC / 2 : NC; }
 #if defined(__AVX512F__)
+/* The 32-weight types' big tiles (8 x 3) stay ahead of the decoded path up to 24 rows:
+ * kernel_rows.py at 16 rows, Q4_0 1.10-1.19x and Q8_0 1.19-1.26x the decoded path's speed,
+ * at 24 rows even, at 32 behind. The super-blocks' 4 x 4 tiles are even at 16 rows. */
 #define PRE_ROWS 16
+#define PRE_ROWS_BIG 24
 #define PR 4
 #define PC 6                                 /* 24 accumulators, 6 weights, 1 x: 31 */
 
@@ -169,6 +181,7 @@ half_block(int R, int C, const float *x, int64_t k, const float *w, lanes acc[PR
 #define DROWS {DROW(1), DROW(2), DROW(3), DROW(4)}
 #else
 #define PRE_ROWS 6                           /* measured: 0.74x the tiles' time at 6 rows */
+#define PRE_ROWS_BIG PRE_ROWS                /* no big tiles on AVX2 */
 #define PR 3
 #define PC 2                                 /* 12 accumulators, 2 weights, 1 x: 15 of 16 */
 
@@ -266,8 +279,9 @@ static void decoded_strip(const float *x, int64_t m, int64_t k, const float *wf,
     }
 }
 
-/* tl_quant_matmul's path for m >= PRE_ROWS: 0, or -1 where a thread's scratch memory was
- * short (the caller then computes every output again with the tiles that decode). */
+/* tl_quant_matmul's path for m >= PRE_ROWS (PRE_ROWS_BIG for a type with a big tile): 0,
+ * or -1 where a thread's scratch memory was short (the caller then computes every output
+ * again with the tiles that decode). */
 static int decoded_matmul(const float *x, const uint8_t *w, int type, const float *b,
                           float *y, int64_t m, int64_t k, int64_t n, int threads) {
     const int64_t blocks = k / (QK * block_runs(type)), ldw = blocks * block_bytes(type);
@@ -301,7 +315,8 @@ int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, 
     if (!t || k % (QK * block_runs(type))) return -1;
     const tile_fn (*table)[4] = t->small;
 #if HAS_DECODED
-    if (m >= PRE_ROWS && decoded_matmul(x, w, type, b, y, m, k, n, threads) == 0) return 0;
+    const int64_t pre_rows = t->big ? PRE_ROWS_BIG : PRE_ROWS;
+    if (m >= pre_rows && decoded_matmul(x, w, type, b, y, m, k, n, threads) == 0) return 0;
 #endif
     const int64_t blocks = k / (QK * block_runs(type)), ldw = blocks * block_bytes(type);
     const tile_fn big = m >= BR ? t->big : 0;
