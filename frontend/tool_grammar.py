@@ -17,7 +17,10 @@ so that the calls' characters fit the budget: at most one call per CALL_TOKENS o
 (up to MAX_PARALLEL_CALLS), and a call's share of the budget, less its keys and
 punctuation, split between its unbounded strings (MIN_STRING to MAX_STRING characters
 each). An escape (`\n`, `\u00e9`) writes one character in several, and numbers have no
-digit bound, so this is a fit, not a proof; a schema's own `maxLength` is kept.
+digit bound, so this is a fit, not a proof; a schema's own `maxLength` is kept. The budget
+is first rounded down to a step of budget_step's (two a doubling: 512, 768, 1024, 1536, ...):
+requests whose max_tokens differ a little share one grammar, so they compile it once and
+count once against the client's budget of new constraints, and a smaller budget still fits.
 
 The grammar is a Lark text with one llguidance `%json` rule per function (its schema's
 `$defs` lifted to the rule's root so that its `#/$defs/...` references still resolve); it
@@ -71,6 +74,14 @@ def call_schema(name: str, parameters: dict | None, key: str = "arguments",
             **lifted, "x-guidance": _COMPACT}
 
 
+def budget_step(budget: int | None) -> int | None:
+    """`budget` rounded down to 2^k or 3 x 2^(k-1), the steps the grammar is fitted to."""
+    if budget is None or budget < 2:
+        return budget
+    power = 1 << (budget.bit_length() - 1)
+    return power + power // 2 if budget >= power + power // 2 else power
+
+
 def most_calls(parallel: bool, budget: int | None) -> int:
     """The calls a reply may hold: one, or with `parallel` one per CALL_TOKENS of the
     budget, MAX_PARALLEL_CALLS at most (all of them where no budget is given)."""
@@ -96,7 +107,8 @@ def call_grammar(functions: list[dict], fmt: str, parallel: bool,
                  budget: int | None = None) -> str:
     """Lark text: calls of `functions` ([{"name", "parameters"?, "strict"?}], the ones
     allowed): one, or with `parallel` up to most_calls, fitted to `budget` tokens (the
-    reply's max_tokens; None: the fixed bounds alone)."""
+    reply's max_tokens, taken at its budget_step; None: the fixed bounds alone)."""
+    budget = budget_step(budget)
     shape, calls = SHAPES[fmt], most_calls(parallel, budget)
     rules = [f"f{i}: %json " + json.dumps(call_schema(
         f["name"], f.get("parameters"), shape.key, f.get("strict") is True,

@@ -20,7 +20,7 @@ from frontend.http.format import Tally
 from frontend.http.schema import parse_chat
 from frontend.http.tool_replies import ToolChatFormat, call_id, chat_format
 from frontend.http.tools import tool_ask
-from frontend.tool_grammar import most_calls, string_bound
+from frontend.tool_grammar import budget_step, most_calls, string_bound
 from frontend.tool_parsers import HERMES, LLAMA3, parse
 
 WEATHER = {"type": "function", "function": {
@@ -238,7 +238,8 @@ def test_a_chat_request_fits_its_calls_to_its_max_tokens():
         gen = parse_chat(body, None, FakeChat(), 8192, 8192)
         grammars[max_tokens] = gen.msg.structured_outputs["grammar"]
     for max_tokens, grammar in grammars.items():
-        bound = string_bound(email["function"], most_calls(True, max_tokens), max_tokens)
+        step = budget_step(max_tokens)
+        bound = string_bound(email["function"], most_calls(True, step), step)
         assert f'"maxLength": {bound}' in grammar, max_tokens
     assert grammars[600] != grammars[6000]
 

@@ -14,8 +14,8 @@ from frontend import bounded_json as bj
 from frontend.http.tools import tool_ask
 from frontend.strict_schema import MAX_STRING, strict_parameters
 from frontend.structured import constraint_of
-from frontend.tool_grammar import (CALL_TOKENS, MAX_PARALLEL_CALLS, MIN_STRING, most_calls,
-                                   string_bound)
+from frontend.tool_grammar import (CALL_TOKENS, MAX_PARALLEL_CALLS, MIN_STRING, budget_step,
+                                   most_calls, string_bound)
 from frontend.tool_parsers import HERMES, LLAMA3
 from worker.grammar_text import byte_tokenizer, grammar_of
 
@@ -203,10 +203,11 @@ def test_the_calls_allowed_follow_the_budget():
 @pytest.mark.parametrize("budget", [512, 1024, 3000])
 def test_the_longest_reply_a_budget_allows_fits_it_in_characters(budget):
     """Every token writes at least one character, so a reply of the grammar's longest
-    calls (every unbounded string at its bound) still fits max_tokens tokens."""
+    calls (every unbounded string at its bound) still fits max_tokens tokens; the grammar
+    is fitted to the budget's step (3000 -> 2048)."""
     body = {"tools": [EMAIL], "tool_choice": "required"}
-    calls = most_calls(True, budget)
-    bound = string_bound(EMAIL["function"], calls, budget)
+    calls = most_calls(True, budget_step(budget))
+    bound = string_bound(EMAIL["function"], calls, budget_step(budget))
     assert MIN_STRING < bound < MAX_STRING
     longest = hermes(calls, longest_email(bound)) + "\n"
     assert len(longest) <= budget
@@ -215,6 +216,16 @@ def test_the_longest_reply_a_budget_allows_fits_it_in_characters(budget):
     m = matcher(body, budget=budget)   # a string one character longer must close instead
     assert take(m, '<tool_call>\n{"name":"send_email","arguments":{"to":"' + "t" * bound)
     assert not take(m, "t") and take(m, '"')
+
+
+def test_budgets_a_little_apart_share_one_grammar():
+    """max_tokens is rounded down to 2^k or 3 x 2^(k-1) before the fit, so that a client
+    varying it a little compiles one constraint, not one per value."""
+    assert [budget_step(b) for b in (None, 1, 2, 3, 511, 512, 767, 768, 1023, 1024, 3000)] == [
+        None, 1, 2, 3, 384, 512, 512, 768, 768, 1024, 2048]
+    body = {"tools": [EMAIL], "tool_choice": "required", "parallel_tool_calls": True}
+    grammar = lambda b: tool_ask(body).structured_outputs(HERMES, budget=b)["grammar"]  # noqa: E731
+    assert grammar(1000) == grammar(800) == grammar(768) != grammar(767) == grammar(512)
 
 
 def test_no_budget_and_a_large_one_keep_the_fixed_bounds():
