@@ -127,9 +127,7 @@ def _weights_of(path: Path) -> str:
     """A real-size file (scripts/benchmarks/_real_size.py) holds random weights in a real
     model's shape; any other file is taken as trained."""
     from scripts.benchmarks import _real_size
-    if path.resolve().is_relative_to(_real_size.home().resolve()):
-        return "random"
-    return "trained"
+    return "random" if _real_size.holds(path) else "trained"
 
 
 def _sha256(files: list[Path]) -> str:

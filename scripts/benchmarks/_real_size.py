@@ -40,6 +40,11 @@ def home() -> Path:
     return get.home() / "real-size"
 
 
+def holds(path: str | Path) -> bool:
+    """Whether `path` is one of these files (random weights in a real model's shape)."""
+    return Path(path).expanduser().resolve().is_relative_to(home().resolve())
+
+
 def hf_dir(shape: str) -> Path:
     """The shape's HF checkpoint (float16, SmolLM2's tokenizer), written once."""
     from worker.presets import write_dir_atomically

@@ -82,6 +82,11 @@ def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     return rows
 
 
+def _llamacpp_tok_rows(doc: dict) -> list[tuple]:
+    """The tok/s row alone (the 135M model's files, below the real-size ones)."""
+    return _llamacpp_file_rows(doc)[:1]
+
+
 def _quality_rows(doc: dict) -> list[tuple]:
     return [("perplexity: tl-engine / transformers / llama.cpp",
              rt.num(doc.get("ppl_engine"), ".4f"),
@@ -92,8 +97,8 @@ def _quality_rows(doc: dict) -> list[tuple]:
 HEADLINE = (("compare-llamacpp-1b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-1b-q4_k_m.json", _llamacpp_file_rows),
             ("compare-llamacpp-3b-q4_k_m.json", _llamacpp_file_rows),
-            ("compare-llamacpp-q4_1.json", _llamacpp_file_rows),
-            ("compare-llamacpp-q4_1-avx2.json", _llamacpp_file_rows),
+            ("compare-llamacpp-q4_1.json", _llamacpp_tok_rows),
+            ("compare-llamacpp-q4_1-avx2.json", _llamacpp_tok_rows),
             ("quality.json", _quality_rows))   # the README's rows: at most 10
 
 

@@ -44,6 +44,23 @@ def test_goals_need_their_levels():
                     "c1_tpot_ratio_at_most_1.0": {"ratio": 0.99, "met": True}}
 
 
+def test_a_real_size_file_has_the_issues_goals():
+    """1B-3B shapes: TPOT at most 0.9x, prompt tokens/s at least 1.0x at one in flight, and
+    at least 2x the tok/s at 8 and 64; a JSON file's levels are keyed by strings."""
+    levels = {"1": {"engine_over_llamacpp_tpot_p50": 0.83, "engine_over_llamacpp_prefill": 0.78},
+              "8": {"engine_over_llamacpp_tok_s": 2.1}, "64": {"engine_over_llamacpp_tok_s": 1.5}}
+    g = peer.goals(levels, same_file=True, real_size=True)
+    assert g == {"c8_tok_s_ratio_at_least_2.0": {"ratio": 2.1, "met": True},
+                 "c64_tok_s_ratio_at_least_2.0": {"ratio": 1.5, "met": False},
+                 "c1_tpot_ratio_at_most_0.9": {"ratio": 0.83, "met": True},
+                 "c1_prefill_ratio_at_least_1.0": {"ratio": 0.78, "met": False}}
+
+
+def test_the_prefill_ratio_is_the_ratio_of_mean_ttfts():
+    assert peer.prefill_ratio({"ttft_ms": {"mean": 2000.0}}, {"ttft_ms": {"mean": 1600.0}}) == 0.8
+    assert peer.prefill_ratio({"ttft_ms": {}}, {"ttft_ms": {"mean": 1600.0}}) is None
+
+
 def test_rounds_split_the_workload_in_order_and_keep_the_level_busy():
     reqs = [bl.Req([i], 1) for i in range(64)]
     for c, sizes in ((1, [16] * 4), (8, [32, 32]), (64, [64])):
