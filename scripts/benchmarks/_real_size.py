@@ -106,9 +106,26 @@ def _convert(shape: str, out: Path) -> None:
     _ensure_sentencepiece()
     tmp = out.with_suffix(".tmp")
     env = dict(os.environ, PYTHONPATH=str(src / "gguf-py"), NO_LOCAL_GGUF="")
-    get._run([sys.executable, src / "convert_hf_to_gguf.py", hf_dir(shape), "--outtype", "f16",
-              "--outfile", tmp], home() / "convert.log", "convert_hf_to_gguf", env=env)
+    get._run([sys.executable, "-c", _CONVERT, src / "convert_hf_to_gguf.py", hf_dir(shape),
+              "--outtype", "f16", "--outfile", tmp], home() / "convert.log",
+             "convert_hf_to_gguf", env=env)
     tmp.replace(out)
+
+
+# The converter names the file's pre-tokenizer from the hash of its tokenizer's output, and
+# loads that tokenizer with AutoTokenizer, which transformers picks by config.json's model
+# type: for a qwen2 shape, Qwen2Tokenizer with its own pre-tokenizer (digits one by one), not
+# SmolLM2's of tokenizer.json, a hash the converter does not know. Loading tokenizer.json as
+# it is gives every shape SmolLM2's pre-tokenizer ("smollm"), as the llama shapes get anyway.
+_CONVERT = """
+import runpy, sys
+import transformers
+fast = transformers.PreTrainedTokenizerFast
+transformers.AutoTokenizer.from_pretrained = lambda path, **kw: fast.from_pretrained(path, **kw)
+sys.argv = sys.argv[1:]
+sys.path.insert(0, sys.argv[0].rpartition("/")[0])   # as `python convert_hf_to_gguf.py` has it
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def _ensure_sentencepiece() -> None:

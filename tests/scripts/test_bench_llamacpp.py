@@ -290,3 +290,22 @@ def test_a_build_made_with_other_flags_is_not_found_and_is_made_again(tmp_path, 
     assert get.found() == tool
     get._flags_stamp(tmp_path / "build").write_text("-DOTHER=ON")
     assert get.found() is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (get.home() / "src" / "convert_hf_to_gguf.py").is_file(),
+                    reason="llama.cpp's tree not in the cache (scripts/bench builds it)")
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_real_size_shape_gets_smollm2s_pre_tokenizer(tmp_path, monkeypatch, model_type):
+    """A tiny shape of each family through llama.cpp's converter: the file's pre-tokenizer is
+    SmolLM2's ("smollm"), also for qwen2, whose AutoTokenizer class has another."""
+    import gguf
+
+    from scripts.benchmarks import _real_size as rs
+    base = rs._LLAMA if model_type == "llama" else rs._QWEN2
+    monkeypatch.setitem(rs.SHAPES, "tiny", dict(base, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    monkeypatch.setattr(rs, "home", lambda: tmp_path)
+    fields = gguf.GGUFReader(str(rs.gguf_file("tiny", "F16"))).fields
+    text = lambda key: bytes(fields[key].parts[-1]).decode()   # noqa: E731
+    assert (text("general.architecture"), text("tokenizer.ggml.pre")) == (model_type, "smollm")
