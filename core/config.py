@@ -126,7 +126,8 @@ def add_sched_args(p, kv=None, faults=None) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seeds sampled requests that bring none (with their seq_id)")
     (faults or p).add_argument("--step-timeout", type=float, default=60.0,
-                               help="seconds a step may take before its worker is replaced")
+                               help="seconds a step may go silent (no result, no StepAlive) "
+                                    "before its worker is replaced")
     (kv or p).add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                            help="turn the prefix cache off (on by default)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",

@@ -1,11 +1,12 @@
 """WorkerLink: the core's two sockets to its worker, and whether that worker lives.
 
 A step's ForwardBatch (and PrepareGrammar) goes out on a bound PUSH; its StepResult (and a
-new worker's WorkerReady, and GrammarReady whenever a grammar is built) comes back on a bound
-PULL; GrammarReady goes to `on_news` whenever it is read. While the core waits for a result, the link also
-polls the frontend's socket and calls back (the core queues those inputs for after the
-step), checks the worker's pid every WORKER_CHECK_S and kills a worker past the step
-timeout: a dead or hung worker is WorkerDied, never a core stuck waiting.
+new worker's WorkerReady, GrammarReady whenever a grammar is built, and StepAlive while a
+long step computes) comes back on a bound PULL; GrammarReady goes to `on_news` whenever it
+is read. While the core waits for a result, the link also polls the frontend's socket and
+calls back (the core queues those inputs for after the step), checks the worker's pid every
+WORKER_CHECK_S and kills a worker silent for the step timeout (no result and no StepAlive):
+a dead or hung worker is WorkerDied, never a core stuck waiting; a slow step is not hung.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import zmq
 
 from core.ipc.channel import Channel
 from core.ipc.lifeline import pid_alive
-from core.ipc.protocol import GrammarReady, ProtocolError, StepResult, WorkerReady
+from core.ipc.protocol import GrammarReady, ProtocolError, StepAlive, StepResult, WorkerReady
 
 WORKER_CHECK_S = 0.1     # how often the worker's pid is checked while a step runs
 
@@ -37,7 +38,8 @@ class WorkerLink:
                  frontend_sock: zmq.Socket, step_timeout: float,
                  on_news: Callable[[GrammarReady], None] = lambda msg: None):
         self.wk_in = Channel(ctx, zmq.PULL, worker_in, bind=True,
-                             accept=(WorkerReady, StepResult, GrammarReady), max_bytes=1 << 30)
+                             accept=(WorkerReady, StepResult, GrammarReady, StepAlive),
+                             max_bytes=1 << 30)
         self.on_news = on_news
         self.wk_out = Channel(ctx, zmq.PUSH, worker_out, bind=True, max_bytes=1 << 30)
         self.step_timeout = step_timeout
@@ -100,8 +102,10 @@ class WorkerLink:
 
     def result(self, step: int, rows: int,
                meanwhile: Callable[[bool], None]) -> StepResult:
-        """The worker's result for `step` (`rows` tokens); WorkerDied if it dies or hangs.
-        `meanwhile(frontend_readable)` runs after every poll."""
+        """The worker's result for `step` (`rows` tokens); WorkerDied if it dies, or is
+        silent for step_timeout: neither a result nor a StepAlive of this step (a long step
+        pulses while it computes: worker/step_pulse.py). `meanwhile(frontend_readable)` runs
+        after every poll."""
         deadline = time.monotonic() + self.step_timeout
         early, self._early = self._early.get(step), {}   # any other is an abandoned step's
         if early is not None:
@@ -115,7 +119,10 @@ class WorkerLink:
                 msg = self.wk_in.recv()
                 if isinstance(msg, StepResult) and msg.step == step:
                     return self._checked(msg, step, rows)
-                if isinstance(msg, GrammarReady):
+                if isinstance(msg, StepAlive):
+                    if msg.step == step and msg.pid == self.pid:
+                        deadline = time.monotonic() + self.step_timeout
+                elif isinstance(msg, GrammarReady):
                     self.on_news(msg)
                 elif isinstance(msg, WorkerReady):  # a new worker: the old one is gone
                     self._ready_pending = msg
@@ -124,7 +131,7 @@ class WorkerLink:
                 raise WorkerDied(f"it exited during step {step}")
             if time.monotonic() > deadline:
                 self._kill()
-                raise WorkerDied(f"step {step} took over {self.step_timeout}s")
+                raise WorkerDied(f"step {step} was silent for {self.step_timeout}s")
 
     @staticmethod
     def _checked(msg: StepResult, step: int, rows: int) -> StepResult:

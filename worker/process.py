@@ -12,6 +12,7 @@ from core.ipc.channel import Channel
 from core.ipc.protocol import (ForwardBatch, GrammarReady, PrepareGrammar, ProtocolError,
                                Shutdown, WorkerReady)
 from worker.grammar_builds import GrammarBuilds
+from worker.step_pulse import StepPulse
 
 
 def _log(msg: str) -> None:
@@ -47,6 +48,7 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
                   accept=(ForwardBatch, PrepareGrammar, Shutdown), max_bytes=1 << 30)
     times = open(os.environ[TIMES_ENV], "a", buffering=1) if os.environ.get(TIMES_ENV) else None
     builds = _builds(runner, ctx, to_core)
+    pulse = StepPulse(lambda: Channel(ctx, zmq.PUSH, to_core, bind=False), os.getpid())
     try:
         out.send(WorkerReady(info=runner.info, pid=os.getpid()))
         last = None   # the last StepResult: an overlapped batch's placeholders come from it
@@ -67,12 +69,15 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
             if not fill_ahead(msg, *((last.step, last.tokens) if last else (-1, None))):
                 _log(f"step {msg.step} wants the tokens of step {msg.prev_step}, which this"
                      " worker did not run: a stale batch, run on zeros")
+            pulse.begin(msg.step)
             last = runner.run(msg)
+            pulse.end()
             if times is not None:
                 times.write(f"{msg.step} {(time.perf_counter() - t0) * 1e3:.3f} "
                             f"{(_grammar_s(runner) - mask0) * 1e3:.3f}\n")
             out.send(last)
     finally:
+        pulse.close()
         if builds is not None:
             builds.close()
         if times is not None:

@@ -473,6 +473,15 @@ class StepResult:
     pooled: F32 = field(default_factory=F32)
 
 
+@message("step_alive")
+class StepAlive:
+    """Worker -> core, while step `step` runs: it still computes (worker/step_pulse.py).
+    The core's step timeout counts from the last of these, so a long step lives and a
+    silent one (stopped, deadlocked) is replaced."""
+    step: int
+    pid: int
+
+
 @message("worker_ready")
 class WorkerReady:
     info: ModelInfo

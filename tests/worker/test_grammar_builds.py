@@ -8,6 +8,7 @@ import json
 import pytest
 
 from core.ipc.protocol import Constraint, GrammarReady, PrepareGrammar, SamplingParams
+from tests.fake_channel import Sent
 from tests.waiting import wait_until
 from tests.worker.test_structured_worker import SCHEMAS, prompt, run
 from worker.grammar_builds import GrammarBuilds
@@ -15,19 +16,6 @@ from worker.load import make_runner
 
 C = Constraint("json", json.dumps(SCHEMAS[1]))
 PID = 77
-
-
-class Sent:
-    """A channel to the core that keeps what it was given."""
-
-    def __init__(self):
-        self.msgs: list = []
-
-    def send(self, msg) -> None:
-        self.msgs.append(msg)
-
-    def close(self) -> None:
-        pass
 
 
 def build_off_the_step(g, sent: Sent, c: Constraint) -> None:
