@@ -220,8 +220,8 @@ def summary(a, reqs, tokens, res: dict, triad: dict | None = None) -> dict:
                                                      set(eog))
         doc["levels"][c] = row
     add_bandwidth(doc, res, triad, a.gguf)
-    doc["goals"] = goals(doc["levels"], a.gguf is not None,
-                         a.gguf is not None and _real_size.holds(a.gguf))
+    same_file = a.gguf is not None
+    doc["goals"] = goals(doc["levels"], same_file, same_file and _real_size.holds(a.gguf))
     return doc
 
 
