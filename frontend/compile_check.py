@@ -10,11 +10,19 @@ than the bound to build reaches a worker's step. llguidance cannot be interrupte
 thread cannot be killed: the compile runs to its end (llguidance lets go of the GIL while it
 works), and the refusal comes when it has.
 
+The bound is on the compile's CPU time where the caller passes `time.thread_time` as the
+clock (the frontend's compile thread: frontend/prompts.py), so a busy machine does not make a
+constraint "too slow"; llguidance builds on the calling thread (its CPU time is its wall
+time on an idle core).
+
 Verdicts are kept by the constraint's key (the `size` most recently used): a repeated
-constraint is not compiled again, a slow one included. Used by one thread at a time.
+constraint is not compiled again, a slow one included. Threads may share one: the verdicts
+are read and written under a lock (not held while compiling; two threads may then compile
+one new key, and both verdicts agree).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -41,21 +49,27 @@ class CompileCheck:
         self.bound_ms, self.size, self.clock = bound_ms, size, clock
         self.compiles = 0      # compiles run (a cached verdict is not one)
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        self._lock = threading.Lock()
         self._tokenizer = None
 
     def cached(self, c: Constraint) -> bool:
         """Whether `c`'s verdict is kept (error() then compiles nothing)."""
-        return c.key in self._verdicts
+        with self._lock:
+            return c.key in self._verdicts
 
     def error(self, c: Constraint) -> str | None:
         """Why `c` is refused (it does not compile, or not within the bound), or None."""
-        v = self._verdicts.get(c.key)
-        if v is None:
-            v = self._compile(c)
+        with self._lock:
+            v = self._verdicts.get(c.key)
+            if v is not None:
+                self._verdicts.move_to_end(c.key)
+                return v.error
+        v = self._compile(c)
+        with self._lock:
             self._verdicts[c.key] = v
+            self._verdicts.move_to_end(c.key)
             while len(self._verdicts) > self.size:
                 self._verdicts.popitem(last=False)
-        self._verdicts.move_to_end(c.key)
         return v.error
 
     def _compile(self, c: Constraint) -> Verdict:

@@ -6,10 +6,12 @@ new one takes a token from its client's bucket, which refills at `per_s` tokens 
 to `burst`. A client whose bucket is empty gets 429 for a new constraint, and its cached ones
 still pass. The client is the identity the tokenizing thread's fair queue uses: the ZMQ
 routing id (over HTTP, the gateway's engine client, which carries several users;
-docs/structured.md, "The compile budget"). Used by the tokenizing thread only.
+docs/structured.md, "The compile budget"). The frontend's compile thread takes from it (and
+its tokenizing thread, for a verdict evicted meanwhile): `take` holds a lock.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -32,9 +34,14 @@ class ConstraintBudget:
         self.burst = burst if burst is not None else max(1.0, per_s * BURST_S)
         self._buckets: dict[bytes, tuple[float, float]] = {}   # ident -> (tokens, read at)
         self._prune_at = PRUNE_FROM
+        self._lock = threading.Lock()
 
     def take(self, ident: bytes) -> bool:
         """One new constraint for `ident`: whether its bucket had a token (then spent)."""
+        with self._lock:
+            return self._take(ident)
+
+    def _take(self, ident: bytes) -> bool:
         now = self.clock()
         tokens = self._tokens(ident, now)
         ok = tokens >= 1

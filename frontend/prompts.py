@@ -2,17 +2,22 @@
 against the model, and the queue that tokenizes off the loop (frontend/tokenizing.py).
 
 A text prompt is checked for size on the loop, then turned into ids on the tokenizing
-thread; a constraint is compiled there too (bounded, remembered by key: compile_check.py; a
-new one within its client's budget: constraint_budget.py). Ids given are checked on the
+thread. A constraint the frontend has no verdict for is compiled first, on a thread of its own
+at a lower CPU priority (bounded in CPU time, remembered by key: compile_check.py; a new one
+within its client's budget: constraint_budget.py), then the job goes on to the tokenizing
+thread: a compile flood neither holds up other clients' prompts nor takes a core from the
+worker's step (docs/structured.md, "The compile budget"). Ids given are checked on the
 loop. The Frontend (frontend/process.py) asks `prepare`, admits what `done` yields, and
 builds each request's state here (its decoders and stop ids come from the tokenizer).
 """
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 
 from core.ipc.protocol import Delta, Generate, ModelInfo
+from core.thread_nice import BACKGROUND_NICE
 from frontend.compile_check import CompileCheck
 from frontend.constraint_budget import ConstraintBudget
 from frontend.replies import Replies
@@ -34,9 +39,15 @@ class Prompts:
         self._tokenizer: Tokenizer | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self._replies = replies
-        self._compiles = CompileCheck(max_compile_ms)   # the tokenizing thread's only
-        self._budget = ConstraintBudget(new_constraints_per_s)   # the thread's only too
+        # both threads' (each locks itself): the compile thread compiles, the tokenizing
+        # thread finds the verdict kept (or, evicted meanwhile, compiles it again)
+        self._compiles = CompileCheck(max_compile_ms, clock=time.thread_time)
+        self._budget = ConstraintBudget(new_constraints_per_s)
         self._queue = TokenizeQueue(self._tokenize, notify)
+        # a job here is charged its compile's CPU time on the fair queue
+        self._compile_queue = TokenizeQueue(self._compile, notify, clock=time.thread_time,
+                                            name="compile", nice=BACKGROUND_NICE)
+        self._queues = (self._queue, self._compile_queue)
 
     # ------------------------------------------------------------ the model
 
@@ -65,30 +76,40 @@ class Prompts:
         result comes out of `done`). InvalidField for a prompt that cannot fit. `salt`: the
         digest of its salts (frontend/cache_salt.py), taken on arrival."""
         # its shape and size here; compiled off the loop (docs/structured.md)
-        constrained = constraint_of(msg.response_format, msg.structured_outputs) is not None
+        constraint = constraint_of(msg.response_format, msg.structured_outputs)
         fit = msg.max_tokens if msg.max_tokens_must_fit else None
         if isinstance(msg.prompt, str):   # tokenized off the loop, then out of `done`
             check_prompt_text(self._tokenizer.bound, msg.prompt, self._info.max_model_len, fit)
         else:
             check_prompt_ids(msg.prompt, self._info, fit)
-            if not constrained:
+            if constraint is None:
                 return msg.prompt
-        self._queue.submit(ident, msg, salt)
+        new = constraint is not None and not self._compiles.cached(constraint)
+        (self._compile_queue if new else self._queue).submit(ident, msg, salt)
         return None
 
     def done(self) -> Iterator[Job]:
         """Every prompt the thread has finished: a failed one answered here, the rest
         yielded to be admitted (or refused, if the cores died meanwhile)."""
-        for job in self._queue.done():
-            rid = job.msg.request_id
-            if isinstance(job.error, InvalidField):
-                self._replies.error(job.ident, rid, job.error.code, str(job.error),
-                                    job.error.field)
-            elif job.error is not None:
-                log.error("tokenizing request %r failed: %r", rid, job.error)
-                self._replies.error(job.ident, rid, 500, "the tokenizer failed on this prompt")
+        for job in self._compile_queue.done():   # compiled: on to be tokenized
+            if job.error is None:
+                self._queue.submit(job.ident, job.msg, job.salt)
             else:
+                self._answer(job)
+        for job in self._queue.done():
+            if job.error is None:
                 yield job
+            else:
+                self._answer(job)
+
+    def _answer(self, job: Job) -> None:
+        """A failed job's error reply."""
+        rid = job.msg.request_id
+        if isinstance(job.error, InvalidField):
+            self._replies.error(job.ident, rid, job.error.code, str(job.error), job.error.field)
+        else:
+            log.error("tokenizing request %r failed: %r", rid, job.error)
+            self._replies.error(job.ident, rid, 500, "the tokenizer failed on this prompt")
 
     def state(self, ident: bytes, msg: Generate, ids, fid: int) -> RequestState:
         """A new request's state: its decoders, stop strings and stop ids."""
@@ -107,27 +128,29 @@ class Prompts:
     # ------------------------------------------------------------ the queue
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return sum(len(q) for q in self._queues)
 
     def has(self, ident: bytes, request_id: str) -> bool:
-        return self._queue.has(ident, request_id)
+        return any(q.has(ident, request_id) for q in self._queues)
 
     def count_of(self, ident: bytes) -> int:
-        return self._queue.count_of(ident)
+        return sum(q.count_of(ident) for q in self._queues)
 
     def abort(self, ident: bytes, request_id: str) -> None:
         """The client's Abort of a prompt still queued: its final abort reply."""
-        self._abort_pending([self._queue.cancel(ident, request_id)])
+        self._abort_pending([q.cancel(ident, request_id) for q in self._queues])
 
     def abort_all(self) -> None:
-        self._abort_pending(self._queue.drop_all())
+        self._abort_pending([job for q in self._queues for job in q.drop_all()])
 
     def drop(self, ident: bytes) -> None:
         """A gone client's queued prompts, without a reply."""
-        self._queue.drop(ident)
+        for q in self._queues:
+            q.drop(ident)
 
     def close(self) -> None:
-        self._queue.close()
+        for q in self._queues:
+            q.close()
 
     def _abort_pending(self, jobs: list[Job | None]) -> None:
         """Each cancelled job's final reply, as an aborted request's (no tokens yet)."""
@@ -136,10 +159,15 @@ class Prompts:
 
     # ------------------------------------------------------------ on the thread
 
+    def _compile(self, ident: bytes, msg: Generate) -> None:
+        """On the compile thread: the constraint compiled, a new one within the client's
+        budget (InvalidField, or OverBudget: 429)."""
+        check_constraint(msg, self._compiles, lambda field: self._spend(ident, field))
+
     def _tokenize(self, ident: bytes, msg: Generate) -> list[int]:
-        """On the tokenizing thread: the constraint compiled (a new one only within the
-        client's budget), then the prompt's ids, checked against the model (ids given are
-        checked already, on the loop)."""
+        """On the tokenizing thread: the constraint's verdict (kept since its compile; a
+        new one only within the client's budget), then the prompt's ids, checked against the
+        model (ids given are checked already, on the loop)."""
         check_constraint(msg, self._compiles, lambda field: self._spend(ident, field))
         if not isinstance(msg.prompt, str):
             return msg.prompt

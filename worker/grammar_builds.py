@@ -4,7 +4,7 @@ holds the requests under it; this thread builds the grammar into the runner's Gr
 answers GrammarReady on a socket of its own (a zmq socket is one thread's), so the steps of
 every other request go on meanwhile.
 
-The thread runs at a lower CPU priority (GRAMMAR_NICE; Linux sets it per thread): a build
+The thread runs at a lower CPU priority (core/thread_nice.py; Linux sets it per thread): a build
 waits for the cores the steps leave idle rather than slowing every stream. llguidance lets go
 of the GIL while it builds, so the step's Python does not wait for it either. It also
 computes the first mask of a copy for the key's first sequence (Grammars.warmed): that mask
@@ -13,16 +13,14 @@ explores the grammar's lexer states, a cost as large as a build's for some schem
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable
 
 from core.ipc.protocol import Constraint, GrammarReady, PrepareGrammar
+from core.thread_nice import lower_this_thread
 
 log = logging.getLogger("worker")
-
-GRAMMAR_NICE = 10   # the build thread's niceness: about a tenth of a busy core's time
 
 
 class GrammarBuilds:
@@ -47,7 +45,7 @@ class GrammarBuilds:
         self._thread.join(5)
 
     def _run(self) -> None:
-        lower_priority()
+        lower_this_thread()
         out = self._connect()
         try:
             while (job := self._queue.get()) is not None:
@@ -62,12 +60,3 @@ class GrammarBuilds:
         finally:
             out.close()
 
-
-def lower_priority() -> None:
-    """This thread's niceness up by GRAMMAR_NICE (where the system lets a thread have its
-    own: Linux)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                       os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + GRAMMAR_NICE)
-    except (OSError, AttributeError):
-        pass

@@ -91,10 +91,11 @@ def test_flooders_get_429s_past_their_budget_and_the_engine_serves_on(group, flo
         assert r.finish_reason == "stop" and len(r.text) == 3
 
 
-@pytest.mark.xfail(strict=False, reason="met in 3 of 5 quiet runs: no mask over 10 ms is left in"
-                   " a step, but the victim's longest gap (10-74 ms flooded against 3-21 ms"
-                   " unloaded) moves with the OpenMP threads' stalls while the frontend's"
-                   " compile checks hold a core (with --threads 1: 7.5-12.4 against 2.7-3.6 ms)")
+@pytest.mark.xfail(strict=False, reason="met in 1 of 3 runs on the Xeon (16-212 ms flooded against"
+                   " 3.3-7.7 ms unloaded): no step waits for a compile (the core's steps keep"
+                   " their 1.6 ms cadence under the flood) and the compiles run niced, but the"
+                   " victim's largest gap moves with the 2 cores' scheduling of 6 processes"
+                   " (SCHED_IDLE compiles, flooders in processes of their own: no better)")
 def test_a_plain_stream_keeps_its_pace_under_the_flood(flooded):
     unloaded, loaded, _ = flooded
     assert loaded < 3 * unloaded, (loaded, unloaded)
