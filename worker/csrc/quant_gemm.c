@@ -149,6 +149,14 @@ static const tiles *tiles_of(int type) {
  * 48 columns: Q4_K and Q6_K 1.13-1.17x on AVX-512, 1.07-1.11x on AVX2; at k 2048 NC / 2 was
  * no faster. A strip's width does not touch the order an output is summed in. */
 #define LONG_ROW 4096
+/* A decoded weight row takes k + ROW_PAD floats: at a stride of k floats (a multiple of
+ * 1 KB for every k the types allow past 256), a tile's 6 weight rows map to the same few
+ * sets of L1. Measured with the kernel built at -DROW_PAD=0 and 16 side by side in one run
+ * (AVX-512 Xeon, 256 rows, Q4_K, Q6_K, Q4_0 and Q8_0 at the 1B and 1.5B models' shapes):
+ * 1.00-1.10x, the same bits (only the buffer's layout moves); padding x too was slower. */
+#ifndef ROW_PAD
+#define ROW_PAD 16
+#endif
 static inline int64_t strip_cols(int64_t k) { return k > LONG_ROW ? NC / 2 : NC; }
 #if defined(__AVX512F__)
 /* The 32-weight types' big tiles (8 x 3) stay ahead of the decoded path up to 24 rows:
@@ -167,9 +175,10 @@ static inline __attribute__((always_inline)) lanes in_register(lanes v) {
 /* One half block (16 lanes) of x's R rows by C decoded weight rows, into acc: 10 loads for
  * 24 multiply-adds, ~30% more work a second than the tiles at 64-512 rows. */
 static inline __attribute__((always_inline)) void
-half_block(int R, int C, const float *x, int64_t k, const float *w, lanes acc[PR][PC]) {
+half_block(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
+           lanes acc[PR][PC]) {
     lanes wv[PC];
-    for (int c = 0; c < C; c++) wv[c] = in_register(lanes_load(w + c * k));
+    for (int c = 0; c < C; c++) wv[c] = in_register(lanes_load(w + c * ldw));
     for (int r = 0; r < R; r++) {
         lanes xv = in_register(lanes_load(x + r * k));
         for (int c = 0; c < C; c++) acc[r][c] = lanes_fma(xv, wv[c], acc[r][c]);
@@ -193,9 +202,10 @@ static inline __attribute__((always_inline)) __m256 in_register(__m256 v) {
 /* One eighth of a block (8 lanes) of x's R rows by C decoded weight rows, into the lanes
  * 0-7 (.a) or 8-15 (.b) of acc. */
 static inline __attribute__((always_inline)) void
-eighth(int R, int C, const float *x, int64_t k, const float *w, int hi, lanes acc[PR][PC]) {
+eighth(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw, int hi,
+       lanes acc[PR][PC]) {
     __m256 wv[PC];
-    for (int c = 0; c < C; c++) wv[c] = in_register(_mm256_loadu_ps(w + c * k));
+    for (int c = 0; c < C; c++) wv[c] = in_register(_mm256_loadu_ps(w + c * ldw));
     for (int r = 0; r < R; r++) {
         __m256 xv = in_register(_mm256_loadu_ps(x + r * k));
         for (int c = 0; c < C; c++) {
@@ -208,9 +218,10 @@ eighth(int R, int C, const float *x, int64_t k, const float *w, int hi, lanes ac
 /* A half block as two eighths, so that a tile's accumulators fit the 16 registers: 5 loads
  * for 6 multiply-adds. */
 static inline __attribute__((always_inline)) void
-half_block(int R, int C, const float *x, int64_t k, const float *w, lanes acc[PR][PC]) {
-    eighth(R, C, x, k, w, 0, acc);
-    eighth(R, C, x + 8, k, w + 8, 1, acc);
+half_block(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
+           lanes acc[PR][PC]) {
+    eighth(R, C, x, k, w, ldw, 0, acc);
+    eighth(R, C, x + 8, k, w + 8, ldw, 1, acc);
 }
 #define DTILES(R) DTILE(R, 1) DTILE(R, 2)
 #define DROW(R) {decoded_##R##_1, decoded_##R##_2}
@@ -219,12 +230,12 @@ half_block(int R, int C, const float *x, int64_t k, const float *w, lanes acc[PR
 
 /* Each lane's sum runs over the half blocks in order, as at the head of this file. */
 static inline __attribute__((always_inline)) void
-decoded_tile(int R, int C, const float *x, int64_t k, const float *w, const float *b,
-             float *y, int64_t ldy) {
+decoded_tile(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
+             const float *b, float *y, int64_t ldy) {
     lanes acc[PR][PC];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = lanes_zero();
-    for (int64_t j = 0; j < k; j += 16) half_block(R, C, x + j, k, w + j, acc);
+    for (int64_t j = 0; j < k; j += 16) half_block(R, C, x + j, k, w + j, ldw, acc);
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
             float s = lanes_sum(acc[r][c]);
@@ -233,12 +244,12 @@ decoded_tile(int R, int C, const float *x, int64_t k, const float *w, const floa
         }
 }
 
-typedef void (*decoded_fn)(const float *, int64_t, const float *, const float *, float *,
-                           int64_t);
+typedef void (*decoded_fn)(const float *, int64_t, const float *, int64_t, const float *,
+                           float *, int64_t);
 #define DTILE(R, C)                                                                        \
-    static void decoded_##R##_##C(const float *x, int64_t k, const float *w,              \
+    static void decoded_##R##_##C(const float *x, int64_t k, const float *w, int64_t ldw, \
                                   const float *b, float *y, int64_t ldy) {                \
-        decoded_tile(R, C, x, k, w, b, y, ldy);                                            \
+        decoded_tile(R, C, x, k, w, ldw, b, y, ldy);                                       \
     }
 DTILES(1) DTILES(2) DTILES(3)
 #if PR == 4
@@ -246,9 +257,10 @@ DTILES(4)
 #endif
 static const decoded_fn DECODED[PR][PC] = DROWS;
 
-/* The `cols` weight rows of `type` at w (stride ldw bytes) decoded into out [cols][k]. */
+/* The `cols` weight rows of `type` at w (stride ldw bytes) decoded into out [cols][k], a
+ * row every ldo floats. */
 static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
-                        int64_t cols, float *out) {
+                        int64_t cols, float *out, int64_t ldo) {
     const int bytes = block_bytes(type), runs = block_runs(type);
     for (int64_t c = 0; c < cols; c++)
         for (int64_t i = 0; i < blocks; i++) {
@@ -257,7 +269,7 @@ static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
             block_factors_of(type, blk, &f);
             for (int run = 0; run < runs; run++) {
                 lanes w0, w1;
-                float *at = out + (c * blocks * runs + i * runs + run) * QK;
+                float *at = out + c * ldo + (i * runs + run) * QK;
                 lanes_decode(type, blk, run, &f, &w0, &w1);
                 lanes_store(at, w0);
                 lanes_store(at + 16, w1);
@@ -265,15 +277,15 @@ static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
         }
 }
 
-/* y[:, 0:cols] (row stride n) from x [m][k] and `cols` decoded weight rows wf [cols][k]:
- * rows outer, so a tile's rows of x are read from L1 across the columns. */
-static void decoded_strip(const float *x, int64_t m, int64_t k, const float *wf,
+/* y[:, 0:cols] (row stride n) from x [m][k] and `cols` decoded weight rows wf [cols][k]
+ * (a row every ldo floats): rows outer, so a tile's rows of x are read from L1 across the columns. */
+static void decoded_strip(const float *x, int64_t m, int64_t k, const float *wf, int64_t ldo,
                           int64_t cols, const float *b, float *y, int64_t n) {
     for (int64_t r0 = 0; r0 < m; r0 += PR) {
         int nr = m - r0 < PR ? (int)(m - r0) : PR;
         for (int64_t c0 = 0; c0 < cols; c0 += PC) {
             int nc = cols - c0 < PC ? (int)(cols - c0) : PC;
-            DECODED[nr - 1][nc - 1](x + r0 * k, k, wf + c0 * k, b ? b + c0 : 0,
+            DECODED[nr - 1][nc - 1](x + r0 * k, k, wf + c0 * ldo, ldo, b ? b + c0 : 0,
                                     y + r0 * n + c0, n);
         }
     }
@@ -288,15 +300,15 @@ static int decoded_matmul(const float *x, const uint8_t *w, int type, const floa
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
-        const int64_t nc = strip_cols(k);
-        float *buf = aligned_alloc(64, nc * k * sizeof(float));
+        const int64_t nc = strip_cols(k), ldo = k + ROW_PAD;
+        float *buf = aligned_alloc(64, nc * ldo * sizeof(float));
         failed = buf == NULL;
         #pragma omp for schedule(static)
         for (int64_t n0 = 0; n0 < n; n0 += nc) {
             if (buf == NULL) continue;
             int64_t cols = n - n0 < nc ? n - n0 : nc;
-            decode_rows(type, w + n0 * ldw, ldw, blocks, cols, buf);
-            decoded_strip(x, m, k, buf, cols, b ? b + n0 : 0, y + n0, n);
+            decode_rows(type, w + n0 * ldw, ldw, blocks, cols, buf, ldo);
+            decoded_strip(x, m, k, buf, ldo, cols, b ? b + n0 : 0, y + n0, n);
         }
         free(buf);
     }
