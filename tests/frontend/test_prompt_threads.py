@@ -12,7 +12,7 @@ import time
 from core.ipc.protocol import Generate, ModelInfo
 from core.thread_nice import BACKGROUND_NICE
 from frontend.prompts import Prompts
-from tests.frontend.test_compile_check import all_of_any_of
+from tests.frontend.test_compile_check import new_slow_schema
 from tests.waiting import wait_until
 from worker.presets import preset_dir
 
@@ -54,10 +54,8 @@ class Prepared:
 
 
 def slow_schema(title: str) -> dict:
-    """A schema of ~0.1-0.5 s to compile, new each time (its title makes its key)."""
-    schema = json.loads(all_of_any_of(4, 5).text)
-    schema["title"] = title
-    return {"json": json.dumps(schema)}
+    """structured_outputs of a new schema slow to compile."""
+    return {"json": json.dumps(new_slow_schema(title))}
 
 
 def test_a_new_constraint_compiles_niced_and_a_plain_prompt_passes_it():

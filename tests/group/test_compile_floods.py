@@ -14,7 +14,7 @@ import pytest
 
 from frontend.client import Client, ClientError
 from tests.frontend import test_http
-from tests.frontend.test_compile_check import all_of_any_of
+from tests.frontend.test_compile_check import new_slow_schema
 from tests.waiting import wait_until
 
 PER_S = 0.5      # --new-constraints-per-s: bursts of 4
@@ -22,13 +22,6 @@ GROUP_ARGS = ["--new-constraints-per-s", str(PER_S), "--max-compile-ms", "5000"]
 VICTIM_TOKENS = 1000
 
 pytestmark = pytest.mark.slow
-
-
-def new_schema(who: str, i: int) -> dict:
-    """A schema of ~0.1-0.5 s to compile, new each time (its title makes its key)."""
-    schema = json.loads(all_of_any_of(4, 5).text)
-    schema["title"] = f"{who}-{i}"
-    return schema
 
 
 def longest_gap(address: str, seed: int) -> float:
@@ -48,7 +41,7 @@ def flood(address: str, who: str, stop: threading.Event, tally: dict) -> None:
             i += 1
             try:
                 c.generate("x", max_tokens=4, request_id=f"{who}-{i}",
-                           structured_outputs={"json": json.dumps(new_schema(who, i))})
+                           structured_outputs={"json": json.dumps(new_slow_schema(f"{who}-{i}"))})
                 tally["ok"] += 1
             except ClientError as e:
                 tally[e.code] = tally.get(e.code, 0) + 1

@@ -278,7 +278,8 @@ static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
 }
 
 /* y[:, 0:cols] (row stride n) from x [m][k] and `cols` decoded weight rows wf [cols][k]
- * (a row every ldo floats): rows outer, so a tile's rows of x are read from L1 across the columns. */
+ * (a row every ldo floats): rows outer, so a tile's rows of x are read from L1 across the
+ * columns. */
 static void decoded_strip(const float *x, int64_t m, int64_t k, const float *wf, int64_t ldo,
                           int64_t cols, const float *b, float *y, int64_t n) {
     for (int64_t r0 = 0; r0 < m; r0 += PR) {
