@@ -96,9 +96,9 @@ def _quality_rows(doc: dict) -> list[tuple]:
 
 HEADLINE = (("compare-llamacpp-1b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-1b-q4_k_m.json", _llamacpp_file_rows),
+            ("compare-llamacpp-3b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-3b-q4_k_m.json", _llamacpp_file_rows),
             ("compare-llamacpp-q4_1.json", _llamacpp_tok_rows),
-            ("compare-llamacpp-q4_1-avx2.json", _llamacpp_tok_rows),
             ("quality.json", _quality_rows))   # the README's rows: at most 10
 
 
