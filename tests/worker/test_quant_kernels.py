@@ -164,6 +164,22 @@ def test_long_rows_take_narrower_strips_with_the_same_bits(lib, qtype):
     assert torch.equal(quant.matmul(x, qw, b, lib=avx2), y)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_rows_longer_than_a_chunk_keep_their_bits(lib, qtype):
+    """The decoded path takes k in chunks of 256 (quant_gemm.c KC), each output's sums
+    waiting in memory between them: 608 inputs are two chunks and a ragged 96 (the
+    super-blocks' 512, two chunks, are test_kquant_kernels.py's). Rows alone (the tiles,
+    one pass over k) equal rows in calls that decode, AVX-512 = AVX2, within float32's
+    bound."""
+    k = 608
+    qw, x, b = quantize(weight(29, k), qtype), rows(40, k), torch.randn(29)
+    batch_invariant(qw, x, b, (16, 24, 25, 40))
+    y = quant.matmul(x, qw, b)
+    assert within_bound(y, x, qw, b, chain("kernel", k))
+    avx2 = quant.load(("-mno-avx512f",))
+    assert torch.equal(quant.matmul(x, qw, b, lib=avx2), y)
+
+
 def batch_invariant(qw: quant.QuantWeight, x: torch.Tensor, b: torch.Tensor, sizes) -> None:
     """Rows alone equal rows in calls of each size in `sizes` (and of rows 7-18), and 1
     thread equals 2 on 1 and 40 rows."""
