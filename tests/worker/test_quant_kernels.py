@@ -144,7 +144,7 @@ def lib():
 def test_a_rows_result_does_not_depend_on_the_batch(lib, qtype):
     # 101 columns: two of the kernel's 48-column decoded chunks and a ragged third; from 16
     # rows on (24 for the 32-weight types on AVX-512, 6 with AVX2), the call multiplies
-    # decoded weights (quant_gemm.c, PRE_ROWS and PRE_ROWS_BIG)
+    # decoded weights (quant_decoded.h, PRE_ROWS and PRE_ROWS_BIG)
     qw, x, b = quantize(weight(101, 128), qtype), rows(300, 128), torch.randn(101)
     batch_invariant(qw, x, b, (2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 16, 17, 23, 24, 25, 31, 33, 64,
                                300))
@@ -152,7 +152,7 @@ def test_a_rows_result_does_not_depend_on_the_batch(lib, qtype):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_long_rows_take_narrower_strips_with_the_same_bits(lib, qtype):
-    """Past LONG_ROW (4096) inputs the decoded path takes 24-column strips (quant_gemm.c
+    """Past LONG_ROW (4096) inputs the decoded path takes 24-column strips (quant_decoded.h
     strip_cols): 53 columns are two strips and a ragged 5; rows alone equal rows in calls
     that decode, on AVX-512 and AVX2 alike, within float32's bound of the exact product."""
     k = 4096 + 512
@@ -166,7 +166,7 @@ def test_long_rows_take_narrower_strips_with_the_same_bits(lib, qtype):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_rows_longer_than_a_chunk_keep_their_bits(lib, qtype):
-    """The decoded path takes k in chunks of 256 (quant_gemm.c KC), each output's sums
+    """The decoded path takes k in chunks of 256 (quant_decoded.h KC), each output's sums
     waiting in memory between them: 608 inputs are two chunks and a ragged 96 (the
     super-blocks' 512, two chunks, are test_kquant_kernels.py's). Rows alone (the tiles,
     one pass over k) equal rows in calls that decode, AVX-512 = AVX2, within float32's
