@@ -107,14 +107,7 @@ def transformers_model(path: Path):
     import gguf
     from transformers import AutoModelForCausalLM
     memoized = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
-    readers = {}
-
-    def reader(file, *args, **kwargs):   # read-only: transformers reads fields and tensors
-        key = (str(file), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = real_reader(file, *args, **kwargs)
-        return readers[key]
-    real_reader = gguf.GGUFReader
+    reader = functools.lru_cache(maxsize=None)(gguf.GGUFReader)   # read-only use
     with mock.patch.object(gguf, "get_tensor_name_map", memoized), \
             mock.patch.object(gguf, "GGUFReader", reader):
         return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,

@@ -12,7 +12,7 @@
  * multiply-adds: on AVX-512 bound by L1's bandwidth at ~65% of the FMA peak. Here a half
  * block's PC weight vectors and each row's x vector are loaded once into registers (the
  * empty asm keeps the compiler from folding them back into memory operands). Every output
- * is still summed in the order at the head of this file: the bits are the same. */
+ * is still summed in the order at the head of quant_gemm.c: the bits are the same. */
 #define NC 48                                /* a multiple of 2 x PC */
 /* A long row (the MLP's down projection, k 8192 on a 1B model) takes strips of NC / 2
  * columns: a 48-column strip of it is 1.5 MB of floats, and beside x's rows L2 no longer
@@ -99,7 +99,7 @@ half_block(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
 #define DROWS {DROW(1), DROW(2), DROW(3)}
 #endif
 
-/* Each lane's sum runs over the half blocks in order, as at the head of this file. */
+/* Each lane's sum runs over the half blocks in order, as at the head of quant_gemm.c. */
 static inline __attribute__((always_inline)) void
 decoded_tile(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
              const float *b, float *y, int64_t ldy) {
