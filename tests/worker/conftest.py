@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gguf_files import smollm2, transformers_model
+from tests.gguf_files import registry_model
 from worker.load import make_runner
 
 
@@ -18,4 +18,4 @@ def trained_runner():
 @pytest.fixture(scope="session")
 def trained_stock():
     """transformers' own reading of the GGUF file (the cached directory holds no weights)."""
-    return transformers_model(smollm2())
+    return registry_model()

@@ -50,9 +50,9 @@ def test_an_architecture_it_does_not_read_is_refused():
 
 @pytest.fixture(scope="module")
 def models():
-    from tests.gguf_files import smollm2, transformers_model
+    from tests.gguf_files import registry_model, smollm2
     from worker.gguf_tensors import GgufTensors
-    dense, quant = transformers_model(smollm2()), transformers_model(smollm2())
+    dense, quant = registry_model(), registry_model()
     return dense, quant, load_quantized(quant, GgufTensors(smollm2()), "llama")
 
 

@@ -62,9 +62,9 @@ def gguf_built(path, tensors=None):
 def test_the_registry_model_on_its_blocks_is_from_pretrained_then_swapped():
     """What make_runner builds for the default against transformers' own load of the GGUF
     file (every tensor dequantized), swapped the same way."""
-    from tests.gguf_files import smollm2, transformers_model
+    from tests.gguf_files import registry_model, smollm2
     (built, layers), swap = gguf_built(smollm2())
-    loaded = transformers_model(smollm2())
+    loaded = registry_model()
     assert swap(loaded) == layers and len(layers) == 7 * 30 + 2
     assert built.lm_head.blocks is built.model.embed_tokens.blocks
     assert_same_model(built, loaded, torch.tensor([[1, 9690, 198, 2683, 314, 260, 3575]]))

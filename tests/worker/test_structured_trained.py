@@ -15,13 +15,13 @@ import llguidance.torch
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from core.ipc.protocol import Constraint, SamplingParams
 from scripts.benchmarks._schemas import schemas
 from worker.load import make_runner
 
-from tests.gguf_files import smollm2
+from tests.gguf_files import registry_tokenizer
 from tests.worker.test_structured_worker import run
 
 SYSTEM = "You answer in JSON only."
@@ -92,8 +92,7 @@ def runner():
 @pytest.fixture(scope="module")
 def tok():
     """transformers' own reading of the GGUF file's tokenizer and chat template."""
-    path = smollm2()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return registry_tokenizer()
 
 
 def chat(tok, user: str, system: str | None = None) -> list[int]:
@@ -174,8 +173,8 @@ class GrammarMask(LogitsProcessor):
 
 @pytest.fixture(scope="module")
 def stock():
-    from tests.gguf_files import smollm2, transformers_model
-    return transformers_model(smollm2())
+    from tests.gguf_files import registry_model
+    return registry_model()
 
 
 @pytest.mark.slow   # transformers' generate for 10 schemas besides the engine: ~25 s

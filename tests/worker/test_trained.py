@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from frontend.http.chat import ChatTemplate
 from frontend.tokenizer import Tokenizer
 from worker.load import resolve_checkpoint
 
-from tests.gguf_files import smollm2
-from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy
+from tests.gguf_files import registry_tokenizer
+from tests.worker.test_worker_engine import GREEDY, run_engine, stock_greedy, stock_greedy_batch
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -46,8 +45,7 @@ def checkpoint():
 @pytest.fixture(scope="module")
 def reference_tokenizer():
     """transformers' own reading of the GGUF file's tokenizer and chat template."""
-    path = smollm2()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return registry_tokenizer()
 
 
 def test_the_registry_file_is_served_on_its_own_blocks(trained_runner):
@@ -87,14 +85,16 @@ def test_greedy_tokens_equal_transformers_generate(trained_runner, trained_stock
     ours, _ = run_engine(trained_runner, [(p, NEW_TOKENS, GREEDY) for p in prompts],
                          max_chunk=64)
     partings = []
-    for q, p, got in zip(QUESTIONS, prompts, ours):
-        want = stock_greedy(trained_stock, p, NEW_TOKENS)
+    alone = [stock_greedy(trained_stock, p, NEW_TOKENS) for p in prompts]
+    for q, p, got, want in zip(QUESTIONS, prompts, ours, alone):
         if got != want:
             at = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
             partings.append((q, at, _margin(trained_stock, p + want[:at])))
     assert all(m < MARGIN for _, _, m in partings) and len(partings) <= 1, (
         "request, position, top-2 margin where the engine parts from transformers: "
         f"{partings}")
+    # the batched reference that the K-quant files' tests use is this one, token for token
+    assert stock_greedy_batch(trained_stock, prompts, NEW_TOKENS) == alone
 
 
 def _ids(tokenizer, question: str) -> list[int]:

@@ -74,6 +74,22 @@ def stock_greedy(model, prompt, n) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def stock_greedy_batch(model, prompts, n, pad: int = 0) -> list[list[int]]:
+    """stock_greedy of each prompt from one call of transformers' generate, the prompts
+    padded on the left and the padding masked (generate derives the positions from the
+    mask): 16 chat prompts take ~3 s on 2 cores against ~22 s one at a time. The other
+    summation order can only move a near-tie; test_trained checks it against stock_greedy
+    on the trained model."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                        device=model.device)
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=pad)
+    return out[:, width:].tolist()
+
+
 @pytest.mark.parametrize("which", ["tiny", "qwen2"])
 def test_greedy_matches_transformers_generate(which, runner, qwen2_dir):
     path = resolve_model("tiny") if which == "tiny" else qwen2_dir
