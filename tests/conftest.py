@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from scripts.group.harness import Group, start_group
+from tests.tool_venvs import start_installs
+
+TOOL_INSTALLS = pytest.StashKey()   # the session's background installs (a thread or None)
 
 
 def snapshot_log(log: Path, dst: Path) -> Path:
@@ -181,3 +184,21 @@ def pytest_collection_modifyitems(items) -> None:
         return anchor, own, i
 
     items[:] = [item for _, item in sorted(enumerate(items), key=place)]
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "tool_venvs(*tools): the tool venvs a test uses, "
+                            "installed in the background from the session's start")
+
+
+def pytest_collection_finish(session) -> None:
+    """The selected tests' tool venvs start installing now (tests/tool_venvs.py)."""
+    if not session.config.option.collectonly:
+        session.config.stash[TOOL_INSTALLS] = start_installs(session.items)
+
+
+def pytest_sessionfinish(session) -> None:
+    """No pip left running past the session (a run stopped early by -x, say)."""
+    thread = session.config.stash.get(TOOL_INSTALLS, None)
+    if thread is not None:
+        thread.join()

@@ -21,6 +21,7 @@ from scripts.evaltools.toolenv import LANGCHAIN_OPENAI, LITELLM
 from tests.clients.checks import flows
 
 GROUP_ARGS = ["--model", "smollm2", "--http-port", "0"]   # test_trained_serving's group
+pytestmark = pytest.mark.tool_venvs(LANGCHAIN_OPENAI, LITELLM)
 HIDDEN = 576                                               # smollm2's hidden size
 CLIENTS = {"langchain": (LANGCHAIN_OPENAI, "langchain_flows.py", "embeddings"),
            "litellm": (LITELLM, "litellm_flows.py", "embedding")}

@@ -24,6 +24,7 @@ from scripts.evaltools.toolenv import LANGCHAIN_OPENAI
 from tests.clients.checks import assert_no_markup, assert_valid_calls, flows
 
 GROUP_ARGS = ["--model", "smollm2", "--http-port", "0"]   # test_trained_serving's group
+pytestmark = pytest.mark.tool_venvs(LANGCHAIN_OPENAI)
 
 
 @pytest.fixture(scope="module")

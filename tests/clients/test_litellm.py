@@ -22,6 +22,7 @@ from scripts.evaltools.toolenv import LITELLM
 from tests.clients.checks import assert_valid_calls, flows
 
 GROUP_ARGS = ["--model", "smollm2", "--http-port", "0"]   # test_trained_serving's group
+pytestmark = pytest.mark.tool_venvs(LITELLM)
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,7 @@ def test_a_failed_install_says_what_failed(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.tool_venvs(LM_EVAL, GUIDELLM)
 def test_lm_eval_through_the_gateway_picks_what_hf_picks(tools, group, gguf, tmp_path):
     gw = lmeval.run("local-completions", lmeval.gateway_args(group.http),
                     [lmeval.GENERATE, lmeval.CHOICE], tmp_path / "gateway", batch_size=4)
@@ -117,6 +118,7 @@ def test_lm_eval_through_the_gateway_picks_what_hf_picks(tools, group, gguf, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.tool_venvs(LM_EVAL, GUIDELLM)
 def test_guidellm_constant_rate_ends_without_errors(tools, group, gguf, tmp_path):
     tok = guidellm.save_tokenizer(gguf, tmp_path / "tokenizer")
     s = guidellm.summary(guidellm.run(group.http, tok, tmp_path / "guidellm"))
