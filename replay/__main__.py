@@ -30,6 +30,11 @@ def cmd_verify(a) -> int:
         print(f"warning: {w}", file=sys.stderr)
     runner = None
     if a.with_model:
+        # the worker's kernels run here: the worker's wait policy for their threads, set
+        # before torch loads libgomp (worker/threads.py), so that a replay beside other load
+        # (a second replay, a CI) does not hold its cores spinning
+        from worker.threads import cores, set_wait_policy
+        set_wait_policy(threads=cores(), ncores=cores())
         from replay.model import ModelUnavailable, runner_for, tp_warning
         log.check_steps()
         if w := tp_warning(log.meta):

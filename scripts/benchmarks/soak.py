@@ -144,8 +144,15 @@ def soak(n: int, seed: int, tmp: Path, num_blocks: int = 48) -> dict:
 
 
 def verify(log, *extra) -> bool:
-    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(log)],
-                          capture_output=True, text=True).returncode == 0
+    return verifying(log, *extra).wait() == 0
+
+
+def verifying(log, *extra) -> subprocess.Popen:
+    """`replay verify` of `log`, started: the caller starts the others, then asks each
+    .wait() == 0. Replays side by side are safe: each picks the worker's wait policy for
+    its threads (passive on a busy machine), so none holds a core spinning."""
+    return subprocess.Popen([sys.executable, "-m", "replay", "verify", *extra, str(log)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def arguments(prog: str) -> argparse.ArgumentParser:
