@@ -6,8 +6,9 @@ that test with pip's lines (here it is only dropped). Why: on a machine without 
 the four installs are minutes of downloads that would otherwise each stop the suite."""
 from __future__ import annotations
 
-import os
 import threading
+
+from core.thread_nice import lower_this_thread
 
 
 def needed(items) -> list:
@@ -15,7 +16,9 @@ def needed(items) -> list:
     tools: list = []
     for item in items:
         for mark in item.iter_markers("tool_venvs"):
-            tools += [t for t in mark.args if t not in tools]
+            for tool in mark.args:
+                if tool not in tools:
+                    tools.append(tool)
     return tools
 
 
@@ -31,10 +34,11 @@ def start_installs(items) -> threading.Thread | None:
 
 def _install_all(tools: list) -> None:
     from scripts.evaltools.toolenv import ToolInstallFailed, bin_dir
-    # nice 19 for this thread and the pips it starts: they take only the cores the tests
-    # leave idle (a test's own torch threads spin, and a core taken from them costs far more
-    # than the install gains), and a test that waits on the install's lock leaves it both
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    # nice 19 (the most) for this thread and the pips it starts: they take only the cores
+    # the tests leave idle (a test's own torch threads spin, and a core taken from them costs
+    # far more than the install gains), and a test that waits on the install's lock leaves it
+    # both
+    lower_this_thread(19)
     for tool in tools:
         try:
             bin_dir(tool)

@@ -19,7 +19,7 @@ class Item:
 def test_the_tools_are_those_the_items_name_in_first_use_order_once_each():
     items = [Item(pytest.mark.slow.mark), Item(pytest.mark.tool_venvs(LITELLM).mark),
              Item(pytest.mark.tool_venvs(LM_EVAL, LITELLM).mark, pytest.mark.slow.mark),
-             Item(pytest.mark.tool_venvs(GUIDELLM, LM_EVAL).mark)]
+             Item(pytest.mark.tool_venvs(GUIDELLM, LM_EVAL, GUIDELLM).mark)]
     assert tool_venvs.needed(items) == [LITELLM, LM_EVAL, GUIDELLM]
 
 
