@@ -30,11 +30,13 @@ def cmd_verify(a) -> int:
         print(f"warning: {w}", file=sys.stderr)
     runner = None
     if a.with_model:
-        # the worker's kernels run here: the worker's wait policy for their threads, set
-        # before torch loads libgomp (worker/threads.py), so that a replay beside other load
-        # (a second replay, a CI) does not hold its cores spinning
+        # the worker's kernels run here; their threads' wait policy is set before torch
+        # loads libgomp (worker/threads.py). The short spin whatever the load: a replay
+        # mostly runs alone, where PASSIVE took 1.8x as long (smollm2's log: 48 s against
+        # 27 s), and beside other replays it lets go of a core within microseconds, where
+        # libgomp's default spin held it for a millisecond each time
         from worker.threads import cores, set_wait_policy
-        set_wait_policy(threads=cores(), ncores=cores())
+        set_wait_policy(threads=cores(), ncores=cores(), load=0.0)
         from replay.model import ModelUnavailable, runner_for, tp_warning
         log.check_steps()
         if w := tp_warning(log.meta):
