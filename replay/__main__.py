@@ -8,6 +8,7 @@ not a readable, whole step log, 3 the log's model, device or dtype is not availa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from core import cli
@@ -35,8 +36,8 @@ def cmd_verify(a) -> int:
         # mostly runs alone, where PASSIVE took 1.8x as long (smollm2's log: 48 s against
         # 27 s), and beside other replays it lets go of a core within microseconds, where
         # libgomp's default spin held it for a millisecond each time
-        from worker.threads import cores, set_wait_policy
-        set_wait_policy(threads=cores(), ncores=cores(), load=0.0)
+        from worker.threads import SHORT_SPIN, set_unless_chosen
+        set_unless_chosen(os.environ, SHORT_SPIN)
         from replay.model import ModelUnavailable, runner_for, tp_warning
         log.check_steps()
         if w := tp_warning(log.meta):

@@ -76,11 +76,17 @@ def set_wait_policy(environ: MutableMapping[str, str] = os.environ, threads: int
     """Put the default wait policy for `threads` threads into `environ` unless the user
     chose one of their own; returns what it set. `load`: the 1-minute load average (read
     here when None). Must run before torch (and so libgomp) is loaded."""
+    return set_unless_chosen(
+        environ, default_wait(threads, ncores, os.getloadavg()[0] if load is None else load))
+
+
+def set_unless_chosen(environ: MutableMapping[str, str], policy: Mapping[str, str]) -> dict:
+    """Put `policy` into `environ` unless the user chose a wait policy of their own; returns
+    what it set. Must run before torch (and so libgomp) is loaded."""
     if any(name in environ for name in WAIT_ENV):
         return {}
-    chosen = default_wait(threads, ncores, os.getloadavg()[0] if load is None else load)
-    environ.update(chosen)
-    return chosen
+    environ.update(policy)
+    return dict(policy)
 
 
 def described(threads: int, environ: Mapping[str, str] = os.environ) -> dict:

@@ -145,17 +145,21 @@ def soak(n: int, seed: int, tmp: Path, num_blocks: int = 48) -> dict:
 
 
 def verify(log, *extra) -> bool:
-    return verifying(log, *extra).wait() == 0
+    return subprocess.run(_verify_cmd(log, *extra), capture_output=True, text=True).returncode == 0
 
 
 def verifying(log, *extra) -> subprocess.Popen:
-    """`replay verify` of `log`, started: the caller starts the others, then asks each
-    .wait() == 0. Their threads sleep at once when idle (OMP_WAIT_POLICY=PASSIVE), since
-    the replays run side by side: the locked chaos run took 63 s so, 80 s with replay's
-    own short spin and 76 s with the replays one after another."""
-    return subprocess.Popen([sys.executable, "-m", "replay", "verify", *extra, str(log)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    """`replay verify` of `log`, started, for replays run side by side: the caller starts
+    the others, then asks each .wait() == 0. Their threads sleep at once when idle
+    (OMP_WAIT_POLICY=PASSIVE): the locked chaos run took 63 s so, 80 s with replay's own
+    short spin and 76 s with the replays one after another."""
+    return subprocess.Popen(_verify_cmd(log, *extra), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
                             env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+
+
+def _verify_cmd(log, *extra) -> list[str]:
+    return [sys.executable, "-m", "replay", "verify", *extra, str(log)]
 
 
 def arguments(prog: str) -> argparse.ArgumentParser:
