@@ -247,7 +247,12 @@ class AsyncClient(RequestStream):
         self._fail_all(ErrorReply(None, 503, LOST_CONNECTION))
 
     def _fail_all(self, err: ErrorReply) -> None:
-        for request_id, q in self._queues.items():
+        """Each stream in flight gets `err` as its last reply and leaves `_queues`, as a
+        final from the frontend would make it (_dispatch): a reply that comes for it later
+        (its Generate served by the next frontend, see _take_disconnects) or a second
+        disconnect finds no stream to reach."""
+        failed, self._queues = self._queues, {}
+        for request_id, q in failed.items():
             q.put_nowait(ErrorReply(request_id, err.code, err.message))
         while self._stats_waiters:
             fut = self._stats_waiters.popleft()

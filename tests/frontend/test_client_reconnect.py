@@ -68,6 +68,15 @@ class Frontends:
         self.ctx.term()
 
 
+def run_with_frontends(main) -> None:
+    """asyncio.run(main(frontends)), the sockets closed whatever happens."""
+    f = Frontends()
+    try:
+        asyncio.run(asyncio.wait_for(main(f), 30))
+    finally:
+        f.close()
+
+
 def test_async_client_fails_only_what_was_sent_before_the_disconnect():
     async def main(f: Frontends):
         async with AsyncClient(f.address, timeout=5) as c:
@@ -87,11 +96,7 @@ def test_async_client_fails_only_what_was_sent_before_the_disconnect():
                 await before
             assert_lost(e.value)
 
-    f = Frontends()
-    try:
-        asyncio.run(asyncio.wait_for(main(f), 30))
-    finally:
-        f.close()
+    run_with_frontends(main)
 
 
 def test_blocking_client_fails_only_what_was_sent_before_the_disconnect():
