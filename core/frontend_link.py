@@ -29,6 +29,11 @@ def keys(curve: str | None) -> dict[int, bytes]:
     return {} if curve is None else client_options(*load_peer(curve, REPLICAS))
 
 
+class Refused(Exception):
+    """The frontend this replica joined will not route to it: it said so (JoinRefused), or
+    its CURVE handshake refused this replica's key."""
+
+
 class FrontendLink:
     def __init__(self, ctx: zmq.Context, frontend_in: str | None, frontend_out: str | None,
                  join: str | None = None, curve: str | None = None):
@@ -41,6 +46,12 @@ class FrontendLink:
             sock_in = Channel(ctx, zmq.DEALER, join, bind=False, accept=FROM_FRONTEND,
                               unbounded=True, options={zmq.IMMEDIATE: 1, **keys(curve)})
             self.fe_in = self.fe_out = sock_in
+            # A key the frontend does not list fails every handshake, silently for zmq,
+            # which retries forever: the monitor is how the replica learns it and stops with
+            # one line instead of waiting out serve's --startup-timeout.
+            self._refusals = (sock_in.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                              if curve is not None else None)
+            self._join = join
         else:
             self.fe_in = Channel(ctx, zmq.PULL, frontend_in, bind=True, accept=FROM_FRONTEND,
                                  unbounded=True)
@@ -54,9 +65,18 @@ class FrontendLink:
             return
         self._next_beat = time.monotonic() + BEAT_S
         self.fe_out.try_send(Beat(os.getpid()))
+        self._check_refused()
+
+    def _check_refused(self) -> None:
+        """Refused once the frontend's CURVE handshake refused this replica's key."""
+        if self.joined and self._refusals is not None and self._refusals.poll(0):
+            raise Refused(f"{self._join} refused this replica's CURVE key (the frontend's "
+                          "--curve DIR/replicas/ does not list its public key)")
 
     def close(self) -> None:
         if self.joined:
+            if self._refusals is not None:
+                self._refusals.close(linger=0)
             self.fe_out.try_send(Leave(os.getpid()))
             self.fe_out.sock.close(linger=LEAVE_LINGER_MS)
             return

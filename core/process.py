@@ -15,7 +15,7 @@ import zmq
 
 from core.config import CoreConfig, log_meta
 from core.engine import Engine
-from core.frontend_link import BEAT_S, FrontendLink
+from core.frontend_link import BEAT_S, FrontendLink, Refused
 from core.frontend_watch import FrontendWatch
 from core.grammar_gate import GrammarGate
 from core.ipc.protocol import (AbortRequest, AddRequest, CoreReady, CoreStats, GrammarReady,
@@ -32,10 +32,6 @@ from core.sched import AdmitError, NeverFits, QueueFull, Request
 
 
 RESTART_WAIT_S = 300.0   # how long the core waits for a replacement worker
-
-
-class Refused(Exception):
-    """The frontend this replica joined will not route to it (JoinRefused)."""
 
 
 def prefix_stats(blocks) -> dict:
