@@ -26,7 +26,7 @@ import sqlite_utils
 
 from core.logrecords import (FORMAT, TABLES, EmbeddingRecord, Gap, InputRecord,
                              PromptLogprobsRecord, StepRecord)
-from core.logwriter import CHECKPOINT_S, Writer, say
+from core.logwriter import CHECK_S, CHECKPOINT_S, RETRY_S, Writer, say
 
 ON_ERROR = ("stop", "serve")
 MAX_BACKLOG = 1_000_000  # records (a step's outputs count one each): ~100 MB
@@ -48,7 +48,9 @@ class StepLog:
     """The Engine's log (see core.engine.NullLog for the interface)."""
 
     def __init__(self, path: str, meta: dict, on_error: str = "stop",
-                 max_backlog: int = MAX_BACKLOG, checkpoint_s: float = CHECKPOINT_S):
+                 max_backlog: int = MAX_BACKLOG, checkpoint_s: float = CHECKPOINT_S,
+                 check_s: float = CHECK_S, retry_s: float = RETRY_S):
+        """`checkpoint_s`, `check_s`, `retry_s`: the writer's periods (core/logwriter.py)."""
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         db = create(path)
@@ -60,7 +62,7 @@ class StepLog:
         self._seq_step, self._seq_n = -1, 0
         self._queued = 0   # records handed to the writer; only the step loop adds
         self._gap: Gap | None = None
-        self._writer = Writer(path, checkpoint_s=checkpoint_s)
+        self._writer = Writer(path, checkpoint_s=checkpoint_s, check_s=check_s, retry_s=retry_s)
 
     # ---- health, read by the step loop
 

@@ -19,7 +19,9 @@ CFG = CoreConfig("-", "-", "-", "-", max_seqs=8, max_batch_tokens=64, overlap=Fa
 
 
 def new_log(path, **kw) -> StepLog:
-    return StepLog(str(path), log_meta(CFG, INFO), **kw)
+    """A StepLog whose writer checks its file and retries a failed batch ten times as often
+    as the core's (the tests wait for both)."""
+    return StepLog(str(path), log_meta(CFG, INFO), **{"check_s": 0.1, "retry_s": 0.05, **kw})
 
 
 def engine_for(log):

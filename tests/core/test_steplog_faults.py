@@ -16,7 +16,7 @@ from replay.__main__ import main as replay_main
 from replay.logfile import LogFile
 from replay.verify import verify
 from scripts import ROOT
-from tests.logfaults import DiskFull, count, engine_for, new_log, run_steps
+from tests.logfaults import INFO, DiskFull, count, engine_for, new_log, run_steps
 from tests.waiting import wait_until
 
 
@@ -208,11 +208,9 @@ def test_core_refuses_new_requests_and_aborts_those_in_flight(tmp_path, monkeypa
     import zmq
 
     from core.ipc.channel import Channel
-    from core.config import CoreConfig, log_meta
+    from core.config import CoreConfig
     from core.process import CoreLoop
     from core.ipc.protocol import I32, AddRequest, Rejected, SamplingParams
-    from core.steplog import StepLog
-    from tests.logfaults import INFO
 
     disk = DiskFull(monkeypatch)
     ctx = zmq.Context()
@@ -220,7 +218,7 @@ def test_core_refuses_new_requests_and_aborts_those_in_flight(tmp_path, monkeypa
     cfg = CoreConfig(*ep, max_seqs=8, max_batch_tokens=64, overlap=False)  # as logfaults.CFG
     loop = CoreLoop(cfg, ctx)
     frontend = Channel(ctx, zmq.PULL, ep[1], bind=False)
-    log = StepLog(str(tmp_path / "steps.db"), log_meta(cfg, INFO), max_backlog=200)
+    log = new_log(tmp_path / "steps.db", max_backlog=200)
     loop.engine, loop.info, loop.log = engine_for(log), INFO, log
 
     def add(fid: int) -> None:

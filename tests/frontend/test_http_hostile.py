@@ -119,7 +119,7 @@ async def raw_exchange(head: bytes, body_part: bytes, body_timeout: float) -> tu
     """Send a request whose body never completes; (what came back until EOF, seconds to
     the reply's first byte)."""
     server = TestServer(app(body_timeout=body_timeout))
-    await server.start_server(lingering_time=0.5)
+    await server.start_server(lingering_time=0.1)   # the EOF the test reads comes after it
     try:
         reader, writer = await asyncio.open_connection(server.host, server.port)
         loop = asyncio.get_running_loop()
@@ -143,7 +143,7 @@ HEAD = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/
     (HEAD + b"Transfer-Encoding: chunked\r\n\r\n", b'5\r\n{"pro\r\n'),
 ], ids=["content-length past the body", "chunked without an end"])
 def test_a_body_that_never_ends_gets_408_and_the_connection_closes(head, part):
-    reply, took = asyncio.run(raw_exchange(head, part, body_timeout=0.5))
+    reply, took = asyncio.run(raw_exchange(head, part, body_timeout=0.25))
     assert reply.startswith(b"HTTP/1.1 408"), reply
     assert b"Connection: close" in reply and b'"code": 408' in reply
     assert took < 4, took

@@ -32,7 +32,7 @@ from tests.frontend.test_http import start_gateway, stop_gateway
 
 from tests.group.test_hostile import GROUP_ARGS   # the same group serves both modules
 REPLY_TIMEOUT_S = 60
-BODY_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 0.5
 ALLOWED_ERRORS = {400, 413, 429}
 EXAMPLES = settings(max_examples=50, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
