@@ -181,7 +181,7 @@ def rogue_joins(keys: Path, replica_address: str) -> None:
                 s.send(encode(Beat(4242)), zmq.NOBLOCK)
             except zmq.Again:
                 pass
-            assert not s.poll(500), "an unlisted replica was answered"
+            assert not s.poll(250), "an unlisted replica was answered"
     finally:
         s.close(0)
 

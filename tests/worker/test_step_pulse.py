@@ -52,12 +52,13 @@ class Runner:
 
     def __init__(self, seconds: float, computes: bool):
         self.seconds, self.computes = seconds, computes
+        self.released = threading.Event()   # a waiting step ends early once the test is done
 
     def run(self, batch: ForwardBatch) -> StepResult:
         if self.computes:
             compute(self.seconds)
         else:
-            time.sleep(self.seconds)
+            self.released.wait(self.seconds)
         return StepResult(step=batch.step, tokens=I32([5]))
 
 
@@ -78,8 +79,9 @@ def test_the_core_waits_out_a_long_step_only_while_it_computes(monkeypatch, comp
     link = WorkerLink(ctx, "inproc://to-core", "inproc://from-core", front, step_timeout=0.5)
     killed = []
     link._kill = lambda: killed.append(link.pid)   # the "worker" is this process
-    worker = threading.Thread(target=serve, args=(Runner(1.5, computes), ctx,
-                                                  "inproc://to-core", "inproc://from-core"))
+    runner = Runner(1.5, computes)
+    worker = threading.Thread(target=serve, args=(runner, ctx, "inproc://to-core",
+                                                  "inproc://from-core"))
     worker.start()
     try:
         link.pid = link.wait_ready(30, lambda: None).pid
@@ -91,6 +93,7 @@ def test_the_core_waits_out_a_long_step_only_while_it_computes(monkeypatch, comp
                 link.result(1, 1, lambda readable: None)
             assert killed == [link.pid]
     finally:
+        runner.released.set()
         link.send(Shutdown())
         worker.join(10)
         link.close()
