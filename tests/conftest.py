@@ -3,10 +3,12 @@ same flags, stopped when a module asks for other flags and at the session's end;
 then exit 0 and its step log verify (every end-to-end run is also a replay test)."""
 from __future__ import annotations
 
+import io
+import os
 import sqlite3
 import subprocess
-import sys
 import threading
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,34 @@ def snapshot_log(log: Path, dst: Path) -> Path:
 
 
 def verify_log(path, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replay", "verify", *extra, str(path)],
-                          capture_output=True, text=True, timeout=600)
+    """`python -m replay verify EXTRA PATH` as its exit code and output, run in this process:
+    torch and transformers are loaded here already, and a subprocess spent ~3.5 s of its
+    ~4 s loading them again (`--with-model`). One at a time (its output is this process's
+    stdout and stderr, redirected), and the environment is put back afterwards: a replay
+    with the model sets its threads' wait policy there, which the groups started later
+    would inherit."""
+    from replay.__main__ import main
+    args = ["verify", *extra, str(path)]
+    out, err = io.StringIO(), io.StringIO()
+    with _REPLAYING, kept_environ(), redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as e:   # argparse's refusals
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["replay", *args], code, out.getvalue(), err.getvalue())
+
+
+_REPLAYING = threading.Lock()
+
+
+@contextmanager
+def kept_environ():
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 def check_stopped(g: Group, verify=((),), who: str = "") -> None:

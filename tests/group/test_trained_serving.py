@@ -40,7 +40,7 @@ def test_the_log_names_the_file_and_replays_with_it(group):
     assert checkpoint["sha256"] == REGISTRY["smollm2"].sha256
     assert checkpoint["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
     r = verify_log(group.log, "--with-model")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0 and "verified with the model" in r.stdout, r.stdout + r.stderr
 
 
 def test_replay_refuses_another_file_under_the_logged_name():
