@@ -137,25 +137,24 @@ def registry_tokenizer():
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-@functools.cache
-def registry_tokenizer_fields() -> tuple:
-    """The registry model's tokenizer.* fields as (name, value, type, element type): parsed
-    once a session (~3.7 s for its 49,152 tokens and merges)."""
-    import gguf
-    out = []
-    for field in gguf.GGUFReader(smollm2()).fields.values():
-        if field.name.startswith("tokenizer."):
-            kind = field.types[0]
-            sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-            out.append((field.name, field.contents(), kind, sub))
-    return tuple(out)
+def small_vocabulary(size: int) -> tuple[list[str], list[str]]:
+    """A byte-level BPE tokenizer of `size` tokens, (tokens, merges): the 256 bytes as GPT-2
+    spells them, then pairs of letters, each with its merge (a file whose tokenizer only the
+    loaders read: the registry model's 49,152 tokens and merges took gguf-py ~3.7 s to parse,
+    each time a file was written and read)."""
+    from worker.preset_tokenizer import _byte_chars
+    chars = _byte_chars()
+    letters = [chars[b] for b in range(ord("a"), ord("z") + 1)]
+    pairs = [(x, y) for x in letters for y in letters][:max(0, size - 256)]
+    return [chars[b] for b in range(256)] + [x + y for x, y in pairs], \
+        [f"{x} {y}" for x, y in pairs]
 
 
 def written(out: Path, model, architecture: str) -> Path:
     """A GGUF file of a small transformers `model` of a layout the converter does not
     permute (qwen2, qwen3): its linear weights and embeddings as Q8_0 blocks, the rest F32,
-    named as llama.cpp names them; the tokenizer is the registry model's (its vocabulary is
-    the model's)."""
+    named as llama.cpp names them; a tokenizer of the model's vocabulary size
+    (small_vocabulary)."""
     import gguf
     from gguf.quants import quantize
 
@@ -172,8 +171,13 @@ def written(out: Path, model, architecture: str) -> Path:
         writer.add_uint32(f"{architecture}.{key}", value)
     writer.add_float32(f"{architecture}.rope.freq_base", cfg.rope_parameters["rope_theta"])
     writer.add_float32(f"{architecture}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    for name, value, kind, sub in registry_tokenizer_fields():
-        writer.add_key_value(name, value, kind, sub_type=sub)
+    tokens, merges = small_vocabulary(cfg.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * len(tokens))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
     names = [*TOP, *(f"blk.{i}.{n}" for i in range(cfg.num_hidden_layers)
                      for n in (*(f"{k}.weight" for k in LAYER_LINEARS), *LAYER_OTHERS))]
     for name in names:

@@ -56,7 +56,7 @@ def test_not_ready_then_ready_then_drain(tmp_path, held_core):
     core, port = held_core, free_port()
     fe = FrontendProc(tmp_path, "--core-in", core.core_in, "--core-out", core.core_out,
                       "--address", f"tcp://0.0.0.0:{port}", "--allow-remote", "--insecure-remote",
-                      "--drain-timeout", "3")
+                      "--drain-timeout", "2")   # the slow stream takes 1 s
     address = f"tcp://127.0.0.1:{port}"
     clients = [Client(address, timeout=30) for _ in range(3)]
     straggler = RawClient(address)
