@@ -38,6 +38,8 @@ class FrontendLink:
     def __init__(self, ctx: zmq.Context, frontend_in: str | None, frontend_out: str | None,
                  join: str | None = None, curve: str | None = None):
         self.joined = join is not None
+        self._refusals: zmq.Socket | None = None   # a joiner's with CURVE: see below
+        self._join = join
         self._next_beat = 0.0
         # Unbounded both ways: the core reads its inputs even mid-step and never blocks on
         # a stalled frontend, so neither side ever drops or waits on the other; memory is
@@ -49,9 +51,8 @@ class FrontendLink:
             # A key the frontend does not list fails every handshake, silently for zmq,
             # which retries forever: the monitor is how the replica learns it and stops with
             # one line instead of waiting out serve's --startup-timeout.
-            self._refusals = (sock_in.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-                              if curve is not None else None)
-            self._join = join
+            if curve is not None:
+                self._refusals = sock_in.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         else:
             self.fe_in = Channel(ctx, zmq.PULL, frontend_in, bind=True, accept=FROM_FRONTEND,
                                  unbounded=True)
@@ -69,14 +70,14 @@ class FrontendLink:
 
     def _check_refused(self) -> None:
         """Refused once the frontend's CURVE handshake refused this replica's key."""
-        if self.joined and self._refusals is not None and self._refusals.poll(0):
+        if self._refusals is not None and self._refusals.poll(0):
             raise Refused(f"{self._join} refused this replica's CURVE key (the frontend's "
                           "--curve DIR/replicas/ does not list its public key)")
 
     def close(self) -> None:
+        if self._refusals is not None:
+            self._refusals.close(linger=0)
         if self.joined:
-            if self._refusals is not None:
-                self._refusals.close(linger=0)
             self.fe_out.try_send(Leave(os.getpid()))
             self.fe_out.sock.close(linger=LEAVE_LINGER_MS)
             return

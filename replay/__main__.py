@@ -37,7 +37,8 @@ def cmd_verify(a) -> int:
         # 27 s), and beside other replays it lets go of a core within microseconds, where
         # libgomp's default spin held it for a millisecond each time
         from worker.threads import SHORT_SPIN, set_unless_chosen
-        set_unless_chosen(os.environ, SHORT_SPIN)
+        if "torch" not in sys.modules:   # else libgomp has read its settings already
+            set_unless_chosen(os.environ, SHORT_SPIN)
         from replay.model import ModelUnavailable, runner_for, tp_warning
         log.check_steps()
         if w := tp_warning(log.meta):

@@ -4,11 +4,10 @@ then exit 0 and its step log verify (every end-to-end run is also a replay test)
 from __future__ import annotations
 
 import io
-import os
 import sqlite3
 import subprocess
 import threading
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -30,13 +29,13 @@ def verify_log(path, *extra) -> subprocess.CompletedProcess:
     """`python -m replay verify EXTRA PATH` as its exit code and output, run in this process:
     torch and transformers are loaded here already, and a subprocess spent ~3.5 s of its
     ~4 s loading them again (`--with-model`). One at a time (its output is this process's
-    stdout and stderr, redirected), and the environment is put back afterwards: a replay
-    with the model sets its threads' wait policy there, which the groups started later
-    would inherit."""
+    stdout and stderr, redirected). It leaves `os.environ` alone (where torch is loaded, replay
+    does not set its threads' wait policy), which the groups a background thread starts
+    meanwhile copy."""
     from replay.__main__ import main
     args = ["verify", *extra, str(path)]
     out, err = io.StringIO(), io.StringIO()
-    with _REPLAYING, kept_environ(), redirect_stdout(out), redirect_stderr(err):
+    with _REPLAYING, redirect_stdout(out), redirect_stderr(err):
         try:
             code = main(args)
         except SystemExit as e:   # argparse's refusals
@@ -47,14 +46,6 @@ def verify_log(path, *extra) -> subprocess.CompletedProcess:
 _REPLAYING = threading.Lock()
 
 
-@contextmanager
-def kept_environ():
-    before = dict(os.environ)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
 
 
 def check_stopped(g: Group, verify=((),), who: str = "") -> None:
