@@ -46,8 +46,6 @@ def verify_log(path, *extra) -> subprocess.CompletedProcess:
 _REPLAYING = threading.Lock()
 
 
-
-
 def check_stopped(g: Group, verify=((),), who: str = "") -> None:
     """Stop `g` (if it still runs): it must exit 0 and its step logs verify under each of
     `verify`'s extra arguments."""

@@ -146,6 +146,8 @@ def small_vocabulary(size: int) -> tuple[list[str], list[str]]:
     chars = _byte_chars()
     letters = [chars[b] for b in range(ord("a"), ord("z") + 1)]
     pairs = [(x, y) for x in letters for y in letters][:max(0, size - 256)]
+    if 256 + len(pairs) != size:   # a file whose vocabulary is not its model's would mislead
+        raise ValueError(f"small_vocabulary makes 256 to {256 + 26 * 26} tokens, not {size}")
     return [chars[b] for b in range(256)] + [x + y for x, y in pairs], \
         [f"{x} {y}" for x, y in pairs]
 
