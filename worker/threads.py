@@ -15,14 +15,18 @@ needs, and a step took 7-20x longer. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) 
 wake-up in each region instead: on a quiet machine a 1B model's step took 1.2x longer
 than with a short spin. So the default is chosen where the worker starts: a short spin
 (SHORT_SPIN, some microseconds) where the machine's recent load leaves the worker's
-threads their cores, the passive wait where it does not. libgomp reads its wait policy
-once, when it is loaded, so set_wait_policy must run before torch is imported; a user's
-own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept. docs/design/processes.md ("Threads") has
-the measurements.
+threads their cores, the passive wait where it does not. "The load" is what other
+programs keep busy now (LoadProbe: serve measures it before it starts any process of its
+own and gives each worker the policy); a worker started alone falls back on the 1-minute
+load average. libgomp reads its wait policy once, when it is loaded, so set_wait_policy
+must run before torch is imported; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is
+kept. docs/design/processes.md ("Threads") has the measurements.
 """
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from collections.abc import Mapping, MutableMapping
 
 # Past this many threads per core of the affinity mask a setting is a typo, not a choice.
@@ -71,6 +75,11 @@ def default_wait(threads: int, ncores: int, load: float) -> dict[str, str]:
     return dict(DEFAULT_WAIT)
 
 
+def chosen_by_user(environ: Mapping[str, str]) -> bool:
+    """Whether the environment names a wait policy (the user's, kept whatever the load)."""
+    return any(name in environ for name in WAIT_ENV)
+
+
 def set_wait_policy(environ: MutableMapping[str, str] = os.environ, threads: int = 1,
                     ncores: int = 1, load: float | None = None) -> dict[str, str]:
     """Put the default wait policy for `threads` threads into `environ` unless the user
@@ -83,7 +92,7 @@ def set_wait_policy(environ: MutableMapping[str, str] = os.environ, threads: int
 def set_unless_chosen(environ: MutableMapping[str, str], policy: Mapping[str, str]) -> dict:
     """Put `policy` into `environ` unless the user chose a wait policy of their own; returns
     what it set. Must run before torch (and so libgomp) is loaded."""
-    if any(name in environ for name in WAIT_ENV):
+    if chosen_by_user(environ):
         return {}
     environ.update(policy)
     return dict(policy)
@@ -100,3 +109,75 @@ def use_threads(threads: int) -> None:
     """The width of this process's OpenMP pool, which the kernels read per call."""
     import torch
     torch.set_num_threads(threads)
+
+
+# A probe's shortest window: /proc/stat counts in ticks of 10 ms, so 0.1 s on 2 cores is
+# 20 ticks, fine enough for a threshold half a core wide.
+PROBE_WINDOW_S = 0.1
+
+
+def cpu_ticks(cpus: frozenset[int], stat: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, all) clock ticks of these CPUs since boot, or None where /proc/stat cannot
+    be read (not Linux). Busy is all but idle and iowait; steal counts as busy (another
+    guest held the core)."""
+    try:
+        lines = open(stat).read().splitlines()
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(f) for f in fields[:8]]   # user nice system idle iowait irq softirq steal
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return (busy, total) if total else None
+
+
+def own_cpu_s() -> float:
+    """This process's CPU seconds so far (all its threads)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class LoadProbe:
+    """The cores that other programs keep busy, measured from the probe's creation to
+    `others()`: the busy ticks of the cores this process may use, less this process's own
+    CPU time meanwhile. serve starts one before anything else and reads it just before it
+    starts the engine's processes: the load *now*, where the 1-minute load average still
+    carries whatever ran in the last minute (a benchmark's previous system, a build) and
+    gave the worker the slower passive wait for its whole life."""
+
+    def __init__(self, ticks: Callable[[], tuple[int, int] | None] | None = None,
+                 own: Callable[[], float] = own_cpu_s, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        cpus = frozenset(os.sched_getaffinity(0))
+        self._ticks = ticks or (lambda: cpu_ticks(cpus))
+        self._own, self._clock, self._sleep = own, clock, sleep
+        self._hz = os.sysconf("SC_CLK_TCK")
+        self._ncpu = len(cpus)
+        self._start = (self._clock(), self._ticks(), self._own())
+
+    def others(self) -> float:
+        """Busy cores, not counting this process, over at least PROBE_WINDOW_S; the
+        1-minute load average where the ticks cannot be read."""
+        began, ticks0, own0 = self._start
+        if ticks0 is None:
+            return os.getloadavg()[0]
+        self._sleep(max(0.0, began + PROBE_WINDOW_S - self._clock()))
+        ticks1, own1 = self._ticks(), self._own()
+        if ticks1 is None or ticks1[1] <= ticks0[1]:
+            return os.getloadavg()[0]
+        window_s = (ticks1[1] - ticks0[1]) / self._hz / self._ncpu
+        busy_s = (ticks1[0] - ticks0[0]) / self._hz - (own1 - own0)
+        return max(0.0, busy_s / window_s)
+
+
+def wait_for_workers(threads: int, ncores: int, others: Callable[[], float],
+                     environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The wait policy serve gives its workers: none where the user chose one (they
+    inherit it), else default_wait at the load others() measures."""
+    if chosen_by_user(environ):
+        return {}
+    return default_wait(threads, ncores, others())

@@ -39,13 +39,14 @@ from scripts.group.commands import (commands, default_log, http_command, rank_co
 from scripts.group.options import parse, parser  # noqa: F401  (scripts/serve's, read here too)
 from scripts.group.procs import Children
 from worker.load import model_problem
-from worker.threads import cores
+from worker.threads import LoadProbe, cores, wait_for_workers
 
 FRONTEND_GRACE_S = 0.5  # after the core's death, time for the frontend to answer 503s
                         # (it checks the core's pid every 0.25 s)
 
 
 def main(argv=None) -> int:
+    probe = LoadProbe()   # first: its window is serve's own start (docs/design/processes.md)
     a = parse(argv)
     http = [] if a.http_port is None else [tcp_address(a.http_host, a.http_port)]
     dist = [a.dist_init] if a.nnodes > 1 else []
@@ -84,13 +85,15 @@ def main(argv=None) -> int:
         stop.update(hurry=stop["sig"] is not None, sig=sig)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    wait = wait_for_workers(a.threads, cores(), probe.others)
     if a.node_rank > 0:
-        return run_ranks(a, stop)
+        return run_ranks(a, stop, wait)
     log = None if a.no_log else (a.log or default_log())
     ipc = tempfile.mkdtemp(prefix="tl-")
-    cores = tuple(core for core, _ in replica_names(a.dp))
-    group = Children(commands(a, ipc, log), piped=cores if a.join else ("frontend", "http"),
-                     env=child_env(keys_env))
+    replica_cores = tuple(core for core, _ in replica_names(a.dp))
+    cmds = commands(a, ipc, log)
+    group = Children(cmds, piped=replica_cores if a.join else ("frontend", "http"),
+                     env={**child_env(keys_env), **workers_env(cmds, wait)})
     group.hurried = lambda: stop["hurry"]
     try:
         return (supervise_joined if a.join else supervise)(group, a, log, stop)
@@ -145,6 +148,11 @@ def _draft_problem(a) -> str | None:
     return None if draft is None else draft_problem(draft, a.tp)
 
 
+def workers_env(cmds: dict[str, list[str]], wait: dict[str, str]) -> dict[str, dict]:
+    """Each worker process's (replica or rank) wait policy, as procs.Children's env."""
+    return {name: dict(wait) for name in cmds if name.startswith(("worker", "rank"))}
+
+
 RESTARTABLE = ("worker", "frontend", "http")
 
 
@@ -154,11 +162,12 @@ def restartable(name: str, a) -> bool:
             or ((a.dp > 1 or a.join) and name.startswith("core")))
 
 
-def run_ranks(a, stop) -> int:
+def run_ranks(a, stop, wait: dict[str, str]) -> int:
     """serve --node-rank K: start this machine's ranks and keep them up. When one dies the
     group on node 0 is restarting (a rank's death fails rank 0's next collective, and rank
     0's death fails every rank's), so all of them start again and meet the new rank 0."""
-    group = Children(rank_commands(a), piped=())
+    cmds = rank_commands(a)
+    group = Children(cmds, piped=(), env=workers_env(cmds, wait))
     group.hurried = lambda: stop["hurry"]
     try:
         print(f"ready node {a.node_rank} ranks {','.join(n[4:] for n in group.procs)} "

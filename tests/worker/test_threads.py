@@ -1,6 +1,7 @@
 """The worker's CPU threads (worker/threads.py): serve's --threads and its default reach
-the worker's torch pool, the wait policy is set before torch loads and a user's own is
-kept, bad counts are refused in one line, and the logits do not depend on the count."""
+the worker's torch pool, the wait policy is set before torch loads, from the load other
+programs make now (serve's probe of /proc/stat), and a user's own is kept, bad counts are
+refused in one line, and the logits do not depend on the count."""
 from __future__ import annotations
 
 import subprocess
@@ -15,8 +16,10 @@ from scripts.group.supervisor import parse
 from worker import __main__ as worker_main
 from worker.handmade import Part, make_batch
 from worker.load import make_runner
-from worker.threads import (DEFAULT_WAIT, MAX_THREADS_PER_CORE, SHORT_SPIN, cores, default_threads,
-                            default_wait, described, set_wait_policy, threads_problem)
+from scripts.group.supervisor import workers_env
+from worker.threads import (DEFAULT_WAIT, MAX_THREADS_PER_CORE, SHORT_SPIN, LoadProbe, cores,
+                            cpu_ticks, default_threads, default_wait, described, set_wait_policy,
+                            threads_problem, wait_for_workers)
 
 ENDPOINTS = ["--to-core", "ipc:///nowhere/a", "--from-core", "ipc:///nowhere/b"]
 
@@ -72,6 +75,76 @@ def test_threads_spin_briefly_only_where_the_load_leaves_them_their_cores():
     assert default_wait(8, 16, 9.0) == DEFAULT_WAIT
     env: dict[str, str] = {}
     assert set_wait_policy(env, threads=2, ncores=2, load=0.1) == SHORT_SPIN == env
+
+
+STAT = """cpu  900 0 90 9000 9 0 1 0 0 0
+cpu0 100 5 20 1000 10 1 2 3 0 0
+cpu1 200 0 30 2000 0 0 0 0 0 0
+cpu2 7000 0 0 1 0 0 0 0 0 0
+intr 12345 0 0
+ctxt 999
+"""
+
+
+def test_cpu_ticks_count_the_given_cores_busy_but_idle_and_iowait(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(STAT)
+    # cpu0: busy 100+5+20+1+2+3 = 131 of 1141; cpu1: 230 of 2230; cpu2 is not ours
+    assert cpu_ticks(frozenset({0, 1}), str(stat)) == (131 + 230, 1141 + 2230)
+    assert cpu_ticks(frozenset({5}), str(stat)) is None
+    assert cpu_ticks(frozenset({0}), str(tmp_path / "none")) is None
+
+
+class FakeMachine:
+    """/proc/stat's ticks and this process's CPU time over a 0.2 s window on 2 cores of
+    100 ticks a second (40 ticks in all), `busy` of them busy, `own_s` of it this process."""
+    def __init__(self, busy: int, own_s: float):
+        self.calls, self.busy, self.own_s = 0, busy, own_s
+        self.slept: list[float] = []
+
+    def ticks(self):
+        self.calls += 1
+        return (0, 0) if self.calls == 1 else (self.busy, 40)
+
+    def own(self):
+        return 0.0 if self.calls <= 1 else self.own_s
+
+
+@pytest.mark.parametrize("busy, own_s, others", [(0, 0.0, 0.0), (20, 0.0, 1.0),
+                                                  (40, 0.0, 2.0), (30, 0.1, 1.0),
+                                                  (10, 0.2, 0.0)])
+def test_the_probe_counts_what_others_keep_busy(monkeypatch, busy, own_s, others):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("os.sysconf", lambda name: 100)
+    m = FakeMachine(busy, own_s)
+    clock = iter([0.0, 0.03])
+    probe = LoadProbe(ticks=m.ticks, own=m.own, clock=lambda: next(clock), sleep=m.slept.append)
+    assert probe.others() == pytest.approx(others)
+    assert m.slept == [pytest.approx(0.07)]   # the rest of its 0.1 s window
+
+
+def test_the_probe_sees_a_busy_process_beside_it():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+        time.sleep(0.3)   # the interpreter has started and spins
+        assert LoadProbe().others() >= 0.7
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_serve_gives_its_workers_the_policy_of_the_load_now():
+    assert wait_for_workers(2, 2, lambda: 0.1, environ={}) == SHORT_SPIN
+    assert wait_for_workers(2, 2, lambda: 1.0, environ={}) == DEFAULT_WAIT
+    own = {"OMP_WAIT_POLICY": "active"}   # the user's: the workers inherit it, nothing added
+    assert wait_for_workers(2, 2, lambda: pytest.fail("not measured"), environ=own) == {}
+    cmds = commands(parse(["--dp", "2"]), "/tmp/x", None)
+    env = workers_env(cmds, SHORT_SPIN)
+    assert env == {"worker0": SHORT_SPIN, "worker1": SHORT_SPIN}
+    ranks = rank_commands(parse(["--tp", "4", "--nnodes", "2", "--node-rank", "1",
+                                 "--dist-init", "tcp://127.0.0.1:1"]))
+    assert set(workers_env(ranks, DEFAULT_WAIT)) == set(ranks)
 
 
 def test_stats_say_the_threads_and_their_wait():
