@@ -51,6 +51,23 @@ tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w, int6
     for (int64_t i = 0; i < blocks; i++) {
         block_factors f[4];                  /* each column's block scales, once a block */
         for (int c = 0; c < C; c++) block_factors_of(type, w + c * ldw + i * bytes, &f[c]);
+#if PAIRED_Q4K
+        if (type == Q4_K) {                  /* two runs a decode; each lane's order as below */
+            for (int run = 0; run < runs; run += 2)
+                for (int c = 0; c < C; c++) {
+                    const uint8_t *blk = w + c * ldw + i * bytes;
+                    __builtin_prefetch(blk + PF_TILES * C * ldw + run * bytes / runs, 0, 2);
+                    lanes wq[4];
+                    decode_q4k_pair(blk, run, &f[c], wq);
+                    for (int r = 0; r < R; r++) {
+                        const float *xr = x + r * ldx + (i * runs + run) * QK;
+                        for (int h = 0; h < 4; h++)
+                            acc[r][c] = lanes_fma(lanes_load(xr + 16 * h), wq[h], acc[r][c]);
+                    }
+                }
+            continue;
+        }
+#endif
         /* runs outer, columns inner: the C accumulator chains interleave, so a run's
          * multiply-adds do not wait on the previous run's latency. On AVX2 the runs are
          * unrolled (a run's shifts become constants: 1.15x at one row; on AVX-512 it cost

@@ -9,6 +9,7 @@
 #define NT 4                                 /* columns per tile */
 #define BR 8                                 /* a call of BR rows or more: BR x BC tiles, */
 #define UNROLL_RUNS 0
+#define PAIRED_Q4K 1                         /* quant_gemm.c's tile(): decode_q4k_pair */
 #define BC 3                                 /* 24 accumulators of the 32 registers */
 typedef __m512 lanes;
 static inline lanes lanes_zero(void) { return _mm512_setzero_ps(); }
@@ -78,6 +79,21 @@ static inline void decode_k(int type, const uint8_t *blk, int r, const block_fac
     const __m512i bit = _mm512_set1_epi32(1 << r);
     *w0 = lookup(q0, _mm512_test_epi32_mask(bytes16(blk + 16), bit), lo, hi);
     *w1 = lookup(q1, _mm512_test_epi32_mask(bytes16(blk + 32), bit), lo, hi);
+}
+
+/* Q4_K's runs r and r + 1 (r even) share their 32 bytes: run r is their low nibbles, r + 1
+ * their high ones. Read once for both: w[0], w[1] run r's weights 0..15 and 16..31, w[2],
+ * w[3] run r + 1's (the same floats decode_k gives, with 2 of its 4 loads) */
+static inline void decode_q4k_pair(const uint8_t *blk, int r, const block_factors *f,
+                                   lanes w[4]) {
+    const uint8_t *qs = blk + 16 + 16 * r;
+    __m512i q0 = bytes16(qs), q1 = bytes16(qs + 16);
+    __m512 lo = table16(0.0f, f->scale[r], f->offset + r);
+    __m512 hi = table16(0.0f, f->scale[r + 1], f->offset + r + 1);
+    w[0] = _mm512_permutexvar_ps(q0, lo);
+    w[1] = _mm512_permutexvar_ps(q1, lo);
+    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q0, 4), hi);
+    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q1, 4), hi);
 }
 
 static inline void lanes_decode(int type, const uint8_t *blk, int r, const block_factors *f,
