@@ -52,7 +52,7 @@ tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w, int6
         block_factors f[4];                  /* each column's block scales, once a block */
         for (int c = 0; c < C; c++) block_factors_of(type, w + c * ldw + i * bytes, &f[c]);
 #if PAIRED_Q4K
-        if (type == Q4_K) {                  /* two runs a decode; each lane's order as below */
+        if (type == Q4_K && R <= 2) {      /* two runs a decode; each lane's order as below */
             for (int run = 0; run < runs; run += 2)
                 for (int c = 0; c < C; c++) {
                     const uint8_t *blk = w + c * ldw + i * bytes;
@@ -65,6 +65,37 @@ tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w, int6
                             acc[r][c] = lanes_fma(lanes_load(xr + 16 * h), wq[h], acc[r][c]);
                     }
                 }
+            continue;
+        }
+#endif
+#if HALVED_Q6K
+        if (type == Q6_K) {                  /* a half's quants for every column, then its
+                                              * runs in order, columns inner, as below */
+            int8_t q6[4][128] __attribute__((aligned(64)));
+            for (int half = 0; half < 2; half++) {
+                for (int c = 0; c < C; c++) {
+                    const uint8_t *blk = w + c * ldw + i * bytes;
+                    /* bytes 0, 64, 128 | 192, 209: no line of the block's 210 missed */
+                    const uint8_t *ahead = blk + PF_TILES * C * ldw;
+                    for (int at = half ? 192 : 0; at < (half ? 210 : 192); at += 64)
+                        __builtin_prefetch(ahead + at, 0, 2);
+                    if (half) __builtin_prefetch(ahead + 209, 0, 2);
+                    q6_half(blk, half, q6[c]);
+                }
+                for (int t = 0; t < 4; t++) {
+                    const int run = 4 * half + t;
+                    for (int c = 0; c < C; c++) {
+                        lanes w0, w1;
+                        q6_weights(q6[c] + 32 * t, f[c].scale[2 * run], f[c].scale[2 * run + 1],
+                                   &w0, &w1);
+                        for (int r = 0; r < R; r++) {
+                            const float *xr = x + r * ldx + (i * runs + run) * QK;
+                            acc[r][c] = lanes_fma(lanes_load(xr), w0, acc[r][c]);
+                            acc[r][c] = lanes_fma(lanes_load(xr + 16), w1, acc[r][c]);
+                        }
+                    }
+                }
+            }
             continue;
         }
 #endif

@@ -8,6 +8,7 @@
 #define BR 0                                 /* no larger tiles: 16 registers */
 #define UNROLL_RUNS 1                        /* quant_gemm.c's tile() */
 #define PAIRED_Q4K 0
+#define HALVED_Q6K 0
 #define BC 1
 typedef struct { __m256 a, b; } lanes;
 static inline lanes lanes_zero(void) { return (lanes){_mm256_setzero_ps(), _mm256_setzero_ps()}; }

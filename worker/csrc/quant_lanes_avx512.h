@@ -10,6 +10,7 @@
 #define BR 8                                 /* a call of BR rows or more: BR x BC tiles, */
 #define UNROLL_RUNS 0
 #define PAIRED_Q4K 1                         /* quant_gemm.c's tile(): decode_q4k_pair */
+#define HALVED_Q6K 1                         /* and q6_half */
 #define BC 3                                 /* 24 accumulators of the 32 registers */
 typedef __m512 lanes;
 static inline lanes lanes_zero(void) { return _mm512_setzero_ps(); }
@@ -94,6 +95,37 @@ static inline void decode_q4k_pair(const uint8_t *blk, int r, const block_factor
     w[1] = _mm512_permutexvar_ps(q1, lo);
     w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q0, 4), hi);
     w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q1, 4), hi);
+}
+
+/* Q6_K's half h (runs 4h .. 4h + 3) as its signed quants q - 32, 128 bytes at out, run
+ * 4h + t's 32 at out + 32t, with 64-byte operations: runs t = 0, 1 are the low nibbles of
+ * ql's 64 bytes, t = 2, 3 their high ones; t's two high bits are qh's bits 2t, 2t + 1
+ * (quant_blocks.h). What q6_run gives a run at a time, in half the instructions. */
+static inline void q6_half(const uint8_t *blk, int h, int8_t *out) {
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3), b32 = _mm512_set1_epi8(32);
+    __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
+    __m256i qh32 = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+    __m512i qh = _mm512_inserti64x4(_mm512_castsi256_si512(qh32), qh32, 1);
+    /* 16-bit shifts: bytes 0-31 (t = 0 or 2) by 0 or 4, bytes 32-63 (t = 1 or 3) by 2 or 6 */
+    const __m512i by01 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    const __m512i by23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    __m512i hi01 = _mm512_and_si512(_mm512_srlv_epi16(qh, by01), m2);
+    __m512i hi23 = _mm512_and_si512(_mm512_srlv_epi16(qh, by23), m2);
+    __m512i lo01 = _mm512_and_si512(ql, m4);
+    __m512i lo23 = _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+    _mm512_storeu_si512((void *)out,
+                        _mm512_sub_epi8(_mm512_or_si512(lo01, _mm512_slli_epi16(hi01, 4)), b32));
+    _mm512_storeu_si512((void *)(out + 64),
+                        _mm512_sub_epi8(_mm512_or_si512(lo23, _mm512_slli_epi16(hi23, 4)), b32));
+}
+
+/* a run's 32 signed quants at q times its two sub-block scales (decode_k's floats) */
+static inline void q6_weights(const int8_t *q, float s0, float s1, lanes *w0, lanes *w1) {
+    __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+    __m512 v1 = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+    *w0 = _mm512_mul_ps(v0, _mm512_set1_ps(s0));
+    *w1 = _mm512_mul_ps(v1, _mm512_set1_ps(s1));
 }
 
 static inline void lanes_decode(int type, const uint8_t *blk, int r, const block_factors *f,

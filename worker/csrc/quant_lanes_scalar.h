@@ -6,6 +6,7 @@
 #define BR 0
 #define UNROLL_RUNS 0
 #define PAIRED_Q4K 0
+#define HALVED_Q6K 0
 #define BC 1
 typedef struct { float v[16]; } lanes;
 static inline lanes lanes_zero(void) { return (lanes){{0}}; }
