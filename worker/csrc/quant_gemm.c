@@ -39,91 +39,118 @@
 
 const char *tl_quant_isa(void) { return ISA; }
 
+/* A tile's accumulators: R <= RT or BR rows by C <= NT or BC columns, lanes each. */
+typedef lanes tile_acc[8][4];
+#define INLINE static inline __attribute__((always_inline))
+
+/* acc[r][c] += x's row r times run `run` of block i of weight row c: its two multiply-adds */
+INLINE void run_fmas(int R, int c, const float *x, int64_t ldx, int64_t at, lanes w0, lanes w1,
+                     tile_acc acc) {
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + r * ldx + at;
+        acc[r][c] = lanes_fma(lanes_load(xr), w0, acc[r][c]);
+        acc[r][c] = lanes_fma(lanes_load(xr + 16), w1, acc[r][c]);
+    }
+}
+
+/* Block i of each of the C weight rows, run by run. Runs outer, columns inner: the C
+ * accumulator chains interleave, so a run's multiply-adds do not wait on the previous
+ * run's latency. On AVX2 the runs are unrolled (a run's shifts become constants: 1.15x at
+ * one row; on AVX-512 it cost 0.75x at 8 rows, so there the loop stays) */
+INLINE void block_by_runs(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w,
+                          int64_t ldw, int64_t i, const block_factors *f, tile_acc acc) {
+    const int bytes = block_bytes(type), runs = block_runs(type);
+#if UNROLL_RUNS
+    #pragma GCC unroll 8
+#endif
+    for (int run = 0; run < runs; run++) {
+        for (int c = 0; c < C; c++) {
+            lanes w0, w1;
+            const uint8_t *blk = w + c * ldw + i * bytes;
+            /* a tile's rows are only k / 32 blocks long, too short for the hardware's
+             * stream prefetcher to start: fetch the same bytes two tiles ahead, into L2
+             * (prefetcht1): into L1 the requests queue behind the loads' misses, and a
+             * one-row Q8_0 call read memory at 17 GB/s on 2 threads where it now reads
+             * 27. A super-block's runs each fetch their share of its lines. */
+            __builtin_prefetch(blk + PF_TILES * C * ldw + run * bytes / runs, 0, 2);
+            lanes_decode(type, blk, run, &f[c], &w0, &w1);
+            run_fmas(R, c, x, ldx, (i * runs + run) * QK, w0, w1, acc);
+        }
+    }
+}
+
+#if PAIRED_Q4K
+/* The same for Q4_K, two runs a decode (decode_q4k_pair); each lane's order as above */
+INLINE void q4k_pairs(int R, int C, const float *x, int64_t ldx, const uint8_t *w,
+                      int64_t ldw, int64_t i, const block_factors *f, tile_acc acc) {
+    const int bytes = block_bytes(Q4_K);
+    for (int run = 0; run < 8; run += 2)
+        for (int c = 0; c < C; c++) {
+            const uint8_t *blk = w + c * ldw + i * bytes;
+            __builtin_prefetch(blk + PF_TILES * C * ldw + run * bytes / 8, 0, 2);
+            lanes wq[4];
+            decode_q4k_pair(blk, run, &f[c], wq);
+            run_fmas(R, c, x, ldx, (i * 8 + run) * QK, wq[0], wq[1], acc);
+            run_fmas(R, c, x, ldx, (i * 8 + run + 1) * QK, wq[2], wq[3], acc);
+        }
+}
+#endif
+
+#if HALVED_Q6K
+/* The same for Q6_K, half a super-block at a time: the half's quants of every column
+ * (q6_half), then its runs in order, columns inner, as above */
+INLINE void q6k_halves(int R, int C, const float *x, int64_t ldx, const uint8_t *w,
+                       int64_t ldw, int64_t i, const block_factors *f, tile_acc acc) {
+    const int bytes = block_bytes(Q6_K);
+    int8_t q6[4][128] __attribute__((aligned(64)));
+    for (int half = 0; half < 2; half++) {
+        for (int c = 0; c < C; c++) {
+            const uint8_t *blk = w + c * ldw + i * bytes;
+            /* bytes 0, 64, 128 | 192, 209: no line of the block's 210 missed */
+            const uint8_t *ahead = blk + PF_TILES * C * ldw;
+            for (int at = half ? 192 : 0; at < (half ? 210 : 192); at += 64)
+                __builtin_prefetch(ahead + at, 0, 2);
+            if (half) __builtin_prefetch(ahead + 209, 0, 2);
+            q6_half(blk, half, q6[c]);
+        }
+        for (int t = 0; t < 4; t++) {
+            const int run = 4 * half + t;
+            for (int c = 0; c < C; c++) {
+                lanes w0, w1;
+                q6_weights(q6[c] + 32 * t, f[c].scale[2 * run], f[c].scale[2 * run + 1], &w0,
+                           &w1);
+                run_fmas(R, c, x, ldx, (i * 8 + run) * QK, w0, w1, acc);
+            }
+        }
+    }
+}
+#endif
+
 /* R rows of x (stride ldx) by C weight rows (stride ldw bytes) -> y (stride ldy). R and C
  * are constants where it is inlined, so the R x C accumulators stay in registers. */
-static inline __attribute__((always_inline)) void
-tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w, int64_t ldw,
-     int64_t blocks, const float *b, float *y, int64_t ldy) {
-    const int bytes = block_bytes(type), runs = block_runs(type);
-    lanes acc[8][4];                         /* R <= RT or BR, C <= NT or BC */
+INLINE void tile(int type, int R, int C, const float *x, int64_t ldx, const uint8_t *w,
+                 int64_t ldw, int64_t blocks, const float *b, float *y, int64_t ldy) {
+    const int bytes = block_bytes(type);
+    tile_acc acc;
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = lanes_zero();
     for (int64_t i = 0; i < blocks; i++) {
         block_factors f[4];                  /* each column's block scales, once a block */
         for (int c = 0; c < C; c++) block_factors_of(type, w + c * ldw + i * bytes, &f[c]);
 #if PAIRED_Q4K
-        if (type == Q4_K && R <= 2) {      /* two runs a decode; each lane's order as below */
-            for (int run = 0; run < runs; run += 2)
-                for (int c = 0; c < C; c++) {
-                    const uint8_t *blk = w + c * ldw + i * bytes;
-                    __builtin_prefetch(blk + PF_TILES * C * ldw + run * bytes / runs, 0, 2);
-                    lanes wq[4];
-                    decode_q4k_pair(blk, run, &f[c], wq);
-                    for (int r = 0; r < R; r++) {
-                        const float *xr = x + r * ldx + (i * runs + run) * QK;
-                        for (int h = 0; h < 4; h++)
-                            acc[r][c] = lanes_fma(lanes_load(xr + 16 * h), wq[h], acc[r][c]);
-                    }
-                }
+        if (type == Q4_K && R <= 2) {        /* at 4 rows and more pairs cost more than
+                                              * they save (0.93-0.96x at 8) */
+            q4k_pairs(R, C, x, ldx, w, ldw, i, f, acc);
             continue;
         }
 #endif
 #if HALVED_Q6K
-        if (type == Q6_K) {                  /* a half's quants for every column, then its
-                                              * runs in order, columns inner, as below */
-            int8_t q6[4][128] __attribute__((aligned(64)));
-            for (int half = 0; half < 2; half++) {
-                for (int c = 0; c < C; c++) {
-                    const uint8_t *blk = w + c * ldw + i * bytes;
-                    /* bytes 0, 64, 128 | 192, 209: no line of the block's 210 missed */
-                    const uint8_t *ahead = blk + PF_TILES * C * ldw;
-                    for (int at = half ? 192 : 0; at < (half ? 210 : 192); at += 64)
-                        __builtin_prefetch(ahead + at, 0, 2);
-                    if (half) __builtin_prefetch(ahead + 209, 0, 2);
-                    q6_half(blk, half, q6[c]);
-                }
-                for (int t = 0; t < 4; t++) {
-                    const int run = 4 * half + t;
-                    for (int c = 0; c < C; c++) {
-                        lanes w0, w1;
-                        q6_weights(q6[c] + 32 * t, f[c].scale[2 * run], f[c].scale[2 * run + 1],
-                                   &w0, &w1);
-                        for (int r = 0; r < R; r++) {
-                            const float *xr = x + r * ldx + (i * runs + run) * QK;
-                            acc[r][c] = lanes_fma(lanes_load(xr), w0, acc[r][c]);
-                            acc[r][c] = lanes_fma(lanes_load(xr + 16), w1, acc[r][c]);
-                        }
-                    }
-                }
-            }
+        if (type == Q6_K) {
+            q6k_halves(R, C, x, ldx, w, ldw, i, f, acc);
             continue;
         }
 #endif
-        /* runs outer, columns inner: the C accumulator chains interleave, so a run's
-         * multiply-adds do not wait on the previous run's latency. On AVX2 the runs are
-         * unrolled (a run's shifts become constants: 1.15x at one row; on AVX-512 it cost
-         * 0.75x at 8 rows, so there the loop stays) */
-#if UNROLL_RUNS
-        #pragma GCC unroll 8
-#endif
-        for (int run = 0; run < runs; run++) {
-            for (int c = 0; c < C; c++) {
-                lanes w0, w1;
-                const uint8_t *blk = w + c * ldw + i * bytes;
-                /* a tile's rows are only k / 32 blocks long, too short for the hardware's
-                 * stream prefetcher to start: fetch the same bytes two tiles ahead, into L2
-                 * (prefetcht1): into L1 the requests queue behind the loads' misses, and a
-                 * one-row Q8_0 call read memory at 17 GB/s on 2 threads where it now reads
-                 * 27. A super-block's runs each fetch their share of its lines. */
-                __builtin_prefetch(blk + PF_TILES * C * ldw + run * bytes / runs, 0, 2);
-                lanes_decode(type, blk, run, &f[c], &w0, &w1);
-                for (int r = 0; r < R; r++) {
-                    const float *xr = x + r * ldx + (i * runs + run) * QK;
-                    acc[r][c] = lanes_fma(lanes_load(xr), w0, acc[r][c]);
-                    acc[r][c] = lanes_fma(lanes_load(xr + 16), w1, acc[r][c]);
-                }
-            }
-        }
+        block_by_runs(type, R, C, x, ldx, w, ldw, i, f, acc);
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
