@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 # Past this many threads per core of the affinity mask a setting is a typo, not a choice.
 MAX_THREADS_PER_CORE = 4

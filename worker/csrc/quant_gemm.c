@@ -107,10 +107,10 @@ INLINE void q6k_halves(int R, int C, const float *x, int64_t ldx, const uint8_t 
         for (int c = 0; c < C; c++) {
             const uint8_t *blk = w + c * ldw + i * bytes;
             /* bytes 0, 64, 128 | 192, 209: no line of the block's 210 missed */
-            const uint8_t *ahead = blk + PF_TILES * C * ldw;
-            for (int at = half ? 192 : 0; at < (half ? 210 : 192); at += 64)
-                __builtin_prefetch(ahead + at, 0, 2);
-            if (half) __builtin_prefetch(ahead + 209, 0, 2);
+            const uint8_t *ahead = blk + PF_TILES * C * ldw + (half ? 192 : 0);
+            __builtin_prefetch(ahead, 0, 2);
+            __builtin_prefetch(ahead + (half ? 17 : 64), 0, 2);
+            if (!half) __builtin_prefetch(ahead + 128, 0, 2);
             q6_half(blk, half, q6[c]);
         }
         for (int t = 0; t < 4; t++) {
