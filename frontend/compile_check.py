@@ -6,14 +6,14 @@ The check builds llguidance's whole matcher over a vocabulary of bytes (worker/g
 llguidance's fuel and the size limit (MAX_CONSTRAINT_CHARS) bound that work, but not its
 time: a schema of a few kilobytes (`allOf` over `anyOf`s) passes every fuel limit and takes
 a second. A compile that took longer than `bound_ms` is refused, so no constraint slower
-than the bound to build reaches a worker's step. llguidance cannot be interrupted and a
-thread cannot be killed: the compile runs to its end (llguidance lets go of the GIL while it
-works), and the refusal comes when it has.
+than the bound to build reaches a worker's step.
 
-The bound is on the compile's CPU time where the caller passes `time.thread_time` as the
-clock (the frontend's compile thread: frontend/prompts.py), so a busy machine does not make a
-constraint "too slow"; llguidance builds on the calling thread (its CPU time is its wall
-time on an idle core).
+Where the compile runs is the caller's `run`: the frontend's runs in a child process
+(compile_process.py), which counts the compile's CPU time, so a busy machine does not make a
+constraint "too slow", and stops the compile once that time passes the bound. By default it
+runs on the calling thread, timed by `clock` (the gateway's: wall time); llguidance cannot be
+interrupted and a thread cannot be killed, so there the compile runs to its end (llguidance
+lets go of the GIL while it works) and the refusal comes when it has.
 
 Verdicts are kept by the constraint's key (the `size` most recently used): a repeated
 constraint is not compiled again, a slow one included. Threads may share one: the verdicts
@@ -38,6 +38,15 @@ MAX_VERDICTS = 1024
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """A compile as it ran: why it does not compile (None: it does, or it was stopped), its
+    time in ms, and whether it was stopped at the bound unfinished."""
+    error: str | None
+    ms: float
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
 class Verdict:
     error: str | None      # None: it compiles within the bound
     ms: float              # how long its compile took
@@ -45,8 +54,12 @@ class Verdict:
 
 class CompileCheck:
     def __init__(self, bound_ms: int = DEFAULT_MAX_COMPILE_MS, size: int = MAX_VERDICTS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 run: Callable[[Constraint], Outcome] | None = None):
+        """`run`: where a compile runs (the frontend's: compile_process.py); by default on
+        the calling thread, timed by `clock`."""
         self.bound_ms, self.size, self.clock = bound_ms, size, clock
+        self._run = run or self._run_here
         self.compiles = 0      # compiles run (a cached verdict is not one)
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
         self._lock = threading.Lock()
@@ -73,18 +86,26 @@ class CompileCheck:
         return v.error
 
     def _compile(self, c: Constraint) -> Verdict:
+        self.compiles += 1
+        o = self._run(c)
+        if o.error is not None:
+            error = f"the {c.kind} constraint does not compile: {o.error}"
+        elif o.stopped or o.ms > self.bound_ms:
+            took = f"over {self.bound_ms} ms (stopped at {o.ms:.0f})" if o.stopped else f"{o.ms:.0f} ms"
+            error = (f"the {c.kind} constraint took {took} to compile, over the bound of "
+                     f"{self.bound_ms} ms (--max-compile-ms)")
+        else:
+            error = None
+        return Verdict(error, o.ms)
+
+    def _run_here(self, c: Constraint) -> Outcome:
         from worker.grammar_text import BadConstraint, byte_tokenizer, check
         if self._tokenizer is None:
             self._tokenizer = byte_tokenizer()
-        self.compiles += 1
         start = self.clock()
         try:
             check(c, self._tokenizer)
             error = None
         except BadConstraint as e:
-            error = f"the {c.kind} constraint does not compile: {e}"
-        ms = (self.clock() - start) * 1000
-        if error is None and ms > self.bound_ms:
-            error = (f"the {c.kind} constraint took {ms:.0f} ms to compile, over the bound of "
-                     f"{self.bound_ms} ms (--max-compile-ms)")
-        return Verdict(error, ms)
+            error = str(e)
+        return Outcome(error, (self.clock() - start) * 1000)

@@ -2,9 +2,10 @@
 against the model, and the queue that tokenizes off the loop (frontend/tokenizing.py).
 
 A text prompt is checked for size on the loop, then turned into ids on the tokenizing
-thread. A constraint the frontend has no verdict for is compiled first, on a thread of its own
-at a lower CPU priority (bounded in CPU time, remembered by key: compile_check.py; a new one
-within its client's budget: constraint_budget.py), then the job goes on to the tokenizing
+thread. A constraint the frontend has no verdict for is compiled first, for a thread of its own
+by a child process at a lower CPU priority (compile_process.py; bounded in CPU time,
+remembered by key: compile_check.py; a new one within its client's budget:
+constraint_budget.py), then the job goes on to the tokenizing
 thread: a compile flood neither holds up other clients' prompts nor takes a core from the
 worker's step (docs/structured.md, "The compile budget"). Ids given are checked on the
 loop. The Frontend (frontend/process.py) asks `prepare`, admits what `done` yields, and
@@ -17,8 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from core.ipc.protocol import Delta, Generate, ModelInfo
-from core.thread_nice import BACKGROUND_NICE
 from frontend.compile_check import CompileCheck
+from frontend.compile_process import CompileChildren
 from frontend.constraint_budget import ConstraintBudget
 from frontend.replies import Replies
 from frontend.request import RequestState
@@ -41,12 +42,14 @@ class Prompts:
         self._replies = replies
         # both threads' (each locks itself): the compile thread compiles, the tokenizing
         # thread finds the verdict kept (or, evicted meanwhile, compiles it again)
-        self._compiles = CompileCheck(max_compile_ms, clock=time.thread_time)
+        self._children = CompileChildren(max_compile_ms)
+        self._compiles = CompileCheck(max_compile_ms, run=self._children.compile)
         self._budget = ConstraintBudget(new_constraints_per_s)
         self._queue = TokenizeQueue(self._tokenize, notify)
-        # a job here is charged its compile's CPU time on the fair queue
-        self._compile_queue = TokenizeQueue(self._compile, notify, clock=time.thread_time,
-                                            name="compile", nice=BACKGROUND_NICE)
+        # a job here is charged its compile's CPU time (its child's) on the fair queue
+        self._compile_queue = TokenizeQueue(
+            self._compile, notify, name="compile",
+            clock=lambda: time.thread_time() + self._children.cpu_s())
         self._queues = (self._queue, self._compile_queue)
 
     # ------------------------------------------------------------ the model
@@ -151,6 +154,7 @@ class Prompts:
     def close(self) -> None:
         for q in self._queues:
             q.close()
+        self._children.close()
 
     def _abort_pending(self, jobs: list[Job | None]) -> None:
         """Each cancelled job's final reply, as an aborted request's (no tokens yet)."""

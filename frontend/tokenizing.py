@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.ipc.protocol import Generate
-from core.thread_nice import lower_this_thread
 
 log = logging.getLogger("frontend")
 
@@ -54,11 +53,11 @@ class Job:
 class TokenizeQueue:
     def __init__(self, tokenize: Callable[[bytes, Generate], list[int]],
                  notify: Callable[[], None], clock: Callable[[], float] = time.perf_counter,
-                 name: str = "tokenize", nice: int = 0):
-        """`tokenize(ident, msg)`: the prompt's checked ids, or raises; runs on the thread,
-        whose niceness is raised by `nice` (core/thread_nice.py). `clock`: read on the thread
-        only (time.thread_time charges the thread's own CPU time)."""
-        self._tokenize, self._notify, self._clock, self._nice = tokenize, notify, clock, nice
+                 name: str = "tokenize"):
+        """`tokenize(ident, msg)`: the prompt's checked ids, or raises; runs on the thread.
+        `clock`: read on the thread only (time.thread_time charges the thread's own CPU
+        time)."""
+        self._tokenize, self._notify, self._clock = tokenize, notify, clock
         self._cv = threading.Condition()
         self._queues: dict[bytes, deque[tuple[float, float, Job]]] = {}   # (start, finish, job)
         self._last: dict[bytes, float] = {}   # each client's last finish (virtual seconds)
@@ -136,8 +135,6 @@ class TokenizeQueue:
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        if self._nice:
-            lower_this_thread(self._nice)
         while (job := self._next()) is not None:
             began = self._clock()
             try:

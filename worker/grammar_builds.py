@@ -4,9 +4,12 @@ holds the requests under it; this thread builds the grammar into the runner's Gr
 answers GrammarReady on a socket of its own (a zmq socket is one thread's), so the steps of
 every other request go on meanwhile.
 
-The thread runs at a lower CPU priority (core/thread_nice.py; Linux sets it per thread): a build
-waits for the cores the steps leave idle rather than slowing every stream. llguidance lets go
-of the GIL while it builds, so the step's Python does not wait for it either. It also
+The thread runs as the scheduler's background (SCHED_IDLE and niced: core/thread_nice.py;
+Linux sets both per thread): a build waits for the cores the steps leave idle rather than
+slowing every stream. llguidance lets go of the GIL while it builds, so the step's Python does
+not wait for it either (a background thread preempted while it held the GIL would hold up the
+step until a core fell idle: the frontend's compiles, which hold it longer, run in a process
+of their own, frontend/compile_process.py). It also
 computes the first mask of a copy for the key's first sequence (Grammars.warmed): that mask
 explores the grammar's lexer states, a cost as large as a build's for some schemas.
 """
@@ -18,7 +21,7 @@ import threading
 from collections.abc import Callable
 
 from core.ipc.protocol import Constraint, GrammarReady, PrepareGrammar
-from core.thread_nice import lower_this_thread
+from core.thread_nice import make_this_thread_background
 
 log = logging.getLogger("worker")
 
@@ -45,7 +48,7 @@ class GrammarBuilds:
         self._thread.join(5)
 
     def _run(self) -> None:
-        lower_this_thread()
+        make_this_thread_background()
         out = self._connect()
         try:
             while (job := self._queue.get()) is not None:

@@ -2,7 +2,9 @@
 
 Sockets: client <-> frontend (ROUTER), frontend <-> core and core <-> worker (PUSH/PULL
 pairs bound by the core), and a joined replica's core <-> the frontend's --replica-address
-(DEALER -> ROUTER, docs/design/processes.md "Joined replicas"). `encode`/`decode` and the packed arrays are re-exported here.
+(DEALER -> ROUTER, docs/design/processes.md "Joined replicas"); and one pipe, the frontend
+<-> its compile process (length-prefixed frames: frontend/compile_process.py). `encode`/`decode`
+and the packed arrays are re-exported here.
 """
 from __future__ import annotations
 
@@ -509,3 +511,19 @@ class GrammarReady:
     a matcher in an error state, which allows EOS only)."""
     key: str
     pid: int
+
+
+@message("compile_job")
+class CompileJob:
+    """Frontend -> its compile process (frontend/compile_process.py): check that the
+    constraint (kind, text) compiles."""
+    kind: str
+    text: str
+
+
+@message("compile_verdict")
+class CompileVerdict:
+    """Compile process -> frontend: why the constraint does not compile (None: it does) and
+    the CPU time its compile took, in ms."""
+    error: str | None
+    ms: float

@@ -1,15 +1,16 @@
 """The frontend's two preparation threads (frontend/prompts.py; docs/structured.md, "The compile
-budget"): a constraint without a verdict is compiled on a thread of its own, at a raised
-niceness, and then tokenized; while it compiles, another client's plain prompt is tokenized
+budget"): a constraint without a verdict is compiled for a thread of its own, by a background
+process, and then tokenized; while it compiles, another client's plain prompt is tokenized
 and comes out first; a kept verdict skips the compile thread; a compile's failure is the
 client's 400 and the client's budget its 429."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
-from core.ipc.protocol import Generate, ModelInfo
+from core.ipc.protocol import Constraint, Generate, ModelInfo
 from core.thread_nice import BACKGROUND_NICE
 from frontend.prompts import Prompts
 from tests.frontend.test_compile_check import new_slow_schema
@@ -73,8 +74,10 @@ def test_a_new_constraint_compiles_niced_and_a_plain_prompt_passes_it():
         p.prompts.close()
 
 
-def test_the_compile_thread_runs_niced_and_the_tokenizing_thread_not():
-    from core.thread_nice import niceness_of_this_thread
+def test_the_compile_runs_in_a_background_process_and_the_threads_do_not():
+    """The compile process is SCHED_IDLE and niced (frontend/compile_process.py); the two
+    threads, which only wait for it or tokenize, keep the frontend's priority."""
+    from core.thread_nice import is_background, niceness_of_this_thread
     seen = {}
     p = Prepared()
     try:
@@ -82,10 +85,17 @@ def test_the_compile_thread_runs_niced_and_the_tokenizing_thread_not():
         for q in p.prompts._queues:   # each queue's thread reports its own niceness
             done = threading.Event()
             q._tokenize = lambda ident, msg, name=q._thread.name, done=done: (
-                seen.__setitem__(name, niceness_of_this_thread()), done.set(), [1])[-1]
+                seen.__setitem__(name, (niceness_of_this_thread(), is_background())),
+                done.set(), [1])[-1]
             q.submit(b"x", Generate(request_id=f"n-{q._thread.name}", prompt="x"))
             assert done.wait(10)
-        assert seen == {"tokenize": base, "compile": min(19, base + BACKGROUND_NICE)}
+        assert seen == {"tokenize": (base, False), "compile": (base, False)}
+        assert p.prompts._children._all == []   # none started before a constraint came
+        p.prompts._children.compile(Constraint("regex", "[ab]"))
+        [child] = p.prompts._children._all
+        pid = child._proc.pid
+        assert is_background(pid)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, base + BACKGROUND_NICE)
     finally:
         p.prompts.close()
 

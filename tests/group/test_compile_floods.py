@@ -84,11 +84,10 @@ def test_flooders_get_429s_past_their_budget_and_the_engine_serves_on(group, flo
         assert r.finish_reason == "stop" and len(r.text) == 3
 
 
-@pytest.mark.xfail(strict=False, reason="met in 1 of 3 runs on the Xeon (16-212 ms flooded against"
-                   " 3.3-7.7 ms unloaded): no step waits for a compile (the core's steps keep"
-                   " their 1.6 ms cadence under the flood) and the compiles run niced, but the"
-                   " victim's largest gap moves with the 2 cores' scheduling of 6 processes"
-                   " (SCHED_IDLE compiles, flooders in processes of their own: no better)")
+@pytest.mark.xfail(strict=False, reason="met in 6 of 10 runs on Zen 5 (docs/structured.md, 'Where"
+                   " the largest gaps are'): no step waits for a compile and background work"
+                   " yields its core at once (SCHED_IDLE), but in about one run in four the"
+                   " victim's deltas, sent on time by the frontend, reach it 60-300 ms late")
 def test_a_plain_stream_keeps_its_pace_under_the_flood(flooded):
     unloaded, loaded, _ = flooded
     assert loaded < 3 * unloaded, (loaded, unloaded)

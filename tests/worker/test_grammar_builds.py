@@ -54,6 +54,22 @@ def test_a_key_is_built_off_the_step_and_the_step_builds_nothing(runner, monkeyp
     assert reason == "stop" and out
 
 
+def test_the_build_thread_runs_as_background(runner, monkeypatch):
+    """SCHED_IDLE and niced (core/thread_nice.py): a build gives a step's threads the core at
+    once."""
+    from core.thread_nice import BACKGROUND_NICE, is_background, niceness_of_this_thread
+    seen = {}
+    real = runner.grammars.build
+
+    def spy(c):
+        seen["background"], seen["nice"] = is_background(), niceness_of_this_thread()
+        return real(c)
+
+    monkeypatch.setattr(runner.grammars, "build", spy)
+    build_off_the_step(runner.grammars, Sent(), Constraint("regex", "q[0-9]{3}"))
+    assert seen == {"background": True, "nice": min(19, niceness_of_this_thread() + BACKGROUND_NICE)}
+
+
 def test_a_failed_build_still_answers_and_leaves_the_key_to_the_step(runner, monkeypatch):
     g, sent = runner.grammars, Sent()
     c = Constraint("regex", "z[0-9]{2}")
