@@ -84,10 +84,10 @@ def test_flooders_get_429s_past_their_budget_and_the_engine_serves_on(group, flo
         assert r.finish_reason == "stop" and len(r.text) == 3
 
 
-@pytest.mark.xfail(strict=False, reason="met in 6 of 10 runs on Zen 5 (docs/structured.md, 'Where"
+@pytest.mark.xfail(strict=False, reason="met in 15 of 20 runs on Zen 5 (docs/structured.md, 'Where"
                    " the largest gaps are'): no step waits for a compile and background work"
-                   " yields its core at once (SCHED_IDLE), but in about one run in four the"
-                   " victim's deltas, sent on time by the frontend, reach it 60-300 ms late")
+                   " yields its core at once (SCHED_IDLE), but the test's process, in another"
+                   " session (Linux's autogroup) than the group's, waits up to 52 ms for a core")
 def test_a_plain_stream_keeps_its_pace_under_the_flood(flooded):
     unloaded, loaded, _ = flooded
     assert loaded < 3 * unloaded, (loaded, unloaded)
