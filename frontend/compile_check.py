@@ -99,13 +99,20 @@ class CompileCheck:
         return Verdict(error, o.ms)
 
     def _run_here(self, c: Constraint) -> Outcome:
-        from worker.grammar_text import BadConstraint, byte_tokenizer, check
+        from worker.grammar_text import byte_tokenizer
         if self._tokenizer is None:
             self._tokenizer = byte_tokenizer()
-        start = self.clock()
-        try:
-            check(c, self._tokenizer)
-            error = None
-        except BadConstraint as e:
-            error = str(e)
-        return Outcome(error, (self.clock() - start) * 1000)
+        return compile_once(c, self._tokenizer, self.clock)
+
+
+def compile_once(c: Constraint, tokenizer, clock: Callable[[], float]) -> Outcome:
+    """One compile of `c` over `tokenizer` (worker/grammar_text.py byte_tokenizer), timed by
+    `clock`: on the calling thread (CompileCheck's default) or in the compile process."""
+    from worker.grammar_text import BadConstraint, check
+    start = clock()
+    try:
+        check(c, tokenizer)
+        error = None
+    except BadConstraint as e:
+        error = str(e)
+    return Outcome(error, (clock() - start) * 1000)

@@ -31,14 +31,14 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from core.ipc.lifeline import cpu_seconds
 from core.ipc.protocol import CompileJob, CompileVerdict, Constraint, decode, encode
 from core.thread_nice import make_this_thread_background
-from frontend.compile_check import Outcome
+from frontend.compile_check import Outcome, compile_once
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.02          # how often a waiting compile's CPU time is read
 _LENGTH = struct.Struct("<I")
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
 class CompileChild:
@@ -47,7 +47,6 @@ class CompileChild:
     def __init__(self, bound_ms: float):
         self.bound_ms = bound_ms
         self._proc: subprocess.Popen | None = None
-        self._ready = False
 
     def compile(self, c: Constraint) -> Outcome:
         try:
@@ -61,9 +60,9 @@ class CompileChild:
             return Outcome(None, frame * 1000, stopped=True)
         if frame is None:
             status = self._end()
-            return Outcome(f"the compile check ended on it (exit status {status})", 0.0, False)
+            return Outcome(f"the compile check ended on it (exit status {status})", 0.0)
         verdict = decode(frame, accept=(CompileVerdict,))
-        return Outcome(verdict.error, verdict.ms, False)
+        return Outcome(verdict.error, verdict.ms)
 
     def close(self) -> None:
         if self._proc is not None:
@@ -74,21 +73,16 @@ class CompileChild:
                 self._end()
             self._proc = None
 
-    def _start(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "frontend.compile_process"], cwd=ROOT,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-        self._ready = False
-
     def _started(self) -> subprocess.Popen:
-        """The child, once ready (its first frame: its imports' CPU time is not a compile's)."""
+        """The child, started and ready where it was not (its first frame says so: its
+        imports' CPU time is not a compile's)."""
         if self._proc is not None and self._proc.poll() is not None:
             self._end()   # gone between compiles (its parent thread's end: die_with_parent)
         if self._proc is None:
-            self._start()
-        if not self._ready:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "frontend.compile_process"], cwd=ROOT,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
             read_frame(self._proc.stdout)
-            self._ready = True
         return self._proc
 
     def _reply(self, proc: subprocess.Popen, began: float | None) -> bytes | float | None:
@@ -148,16 +142,6 @@ class CompileChildren:
                 child.close()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """Process `pid`'s CPU time (user + system) from /proc; None where there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) * _TICK_S   # utime, stime (fields 14, 15)
-
-
 def write_frame(out: BinaryIO, frame: bytes) -> None:
     out.write(_LENGTH.pack(len(frame)) + frame)
     out.flush()
@@ -185,7 +169,7 @@ def main() -> None:
     (fd 1 goes to stderr, so a stray print cannot break a frame)."""
     make_this_thread_background()   # first: its imports are background work too
     from core.ipc.lifeline import die_with_parent
-    from worker.grammar_text import BadConstraint, byte_tokenizer, check
+    from worker.grammar_text import byte_tokenizer
     die_with_parent()
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -194,13 +178,8 @@ def main() -> None:
     write_frame(out, encode(CompileVerdict(None, 0.0)))   # ready
     while (frame := read_frame(inp)) is not None:
         job = decode(frame, accept=(CompileJob,))
-        start = time.thread_time()
-        try:
-            check(Constraint(job.kind, job.text), tokenizer)
-            error = None
-        except BadConstraint as e:
-            error = str(e)
-        write_frame(out, encode(CompileVerdict(error, (time.thread_time() - start) * 1000)))
+        o = compile_once(Constraint(job.kind, job.text), tokenizer, time.thread_time)
+        write_frame(out, encode(CompileVerdict(o.error, o.ms)))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,23 @@ def sigterm_as_interrupt() -> Interrupts:
     return handler
 
 
+def parse_cpu_seconds(stat: str, ticks_per_s: int) -> float:
+    """utime + stime of a /proc/PID/stat line, in seconds. The command name (field 2) may
+    hold spaces and parentheses, so the fields are counted from its last ')'."""
+    rest = stat.rsplit(")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / ticks_per_s   # fields 14 and 15
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time process `pid` has used so far, all its threads; None once it is gone (or
+    where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return parse_cpu_seconds(f.read(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """False once `pid` has exited, also while it is a zombie its parent has not reaped."""
     try:

@@ -5,31 +5,24 @@ as CPU seconds, so that a process's CPU per step or per delta is taken over the 
 alone, not the start-up and the tail."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Callable
 
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+from core.ipc.lifeline import cpu_seconds as process_cpu_seconds
+from core.ipc.lifeline import parse_cpu_seconds  # noqa: F401  (its tests read it here)
+
 SAMPLE_S = 0.05    # 20 samples a second: the sampler's own CPU stays under 0.5% of a core
-
-
-def parse_cpu_seconds(stat: str, ticks_per_s: int = TICKS_PER_S) -> float:
-    """utime + stime of a /proc/PID/stat line, in seconds. The command name (field 2) may
-    hold spaces and parentheses, so the fields are counted from its last ')'."""
-    rest = stat.rsplit(")", 1)[1].split()
-    return (int(rest[11]) + int(rest[12])) / ticks_per_s   # fields 14 and 15
 
 
 def cpu_seconds(pid: int) -> float:
     """The CPU time process `pid` has used so far, all its threads (LookupError if gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return parse_cpu_seconds(f.read())
-    except (FileNotFoundError, ProcessLookupError):
-        raise LookupError(f"no process {pid}") from None
+    seconds = process_cpu_seconds(pid)
+    if seconds is None:
+        raise LookupError(f"no process {pid}")
+    return seconds
 
 
 @dataclass

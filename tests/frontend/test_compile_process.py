@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from core.ipc.lifeline import pid_alive
+from core.ipc.lifeline import cpu_seconds, pid_alive
 from core.ipc.protocol import Constraint
 from frontend.compile_check import CompileCheck
-from frontend.compile_process import CompileChild, CompileChildren, cpu_seconds
+from frontend.compile_process import CompileChild, CompileChildren
 from tests.frontend.test_compile_check import BAD, OK, new_slow_schema
 from tests.waiting import wait_until
 
