@@ -7,10 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from scripts import ROOT
 
+# The variable that tags a group's processes (Group.pids)
+TAG_VARIABLE = "TL_TEST_GROUP"
 
 
 @dataclass
@@ -20,6 +23,9 @@ class Group:
     log: Path | None
     stderr: Path
     http: str | None = None    # the gateway's base URL when started with --http-port
+    # in every process of the group's environment (TAG_VARIABLE): how pids() finds them,
+    # orphans included
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -35,17 +41,29 @@ class Group:
                 self.proc.wait()
         return self.proc.returncode
 
-    def pid_of(self, needle: str) -> int:
-        """The pid of the group's process whose command line contains `needle` (serve
-        runs in a session of its own, so its children share the session id serve's pid)."""
+    def pids(self) -> list[int]:
+        """Every live process of the group but serve itself: each carries the group's tag in
+        its environment, a child that outlived serve (reparented) included."""
+        found, marker = [], f"{TAG_VARIABLE}={self.tag}".encode()
         for d in filter(str.isdigit, os.listdir("/proc")):
             try:
-                stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-                cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                environ = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if int(stat[3]) == self.proc.pid and needle in cmd and int(d) != self.proc.pid:
-                return int(d)
+            if marker in environ and int(d) != self.proc.pid and state != "Z":
+                found.append(int(d))
+        return found
+
+    def pid_of(self, needle: str) -> int:
+        """The pid of the group's process whose command line contains `needle`."""
+        for pid in self.pids():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if needle in cmd:
+                return pid
         raise LookupError(f"no process of the group runs {needle!r}")
 
     def logs(self) -> list[Path]:
@@ -73,15 +91,21 @@ def start_group(tmp: Path, args: list[str] = (), timeout: float = 180.0,
     cmd = [sys.executable, "-m", "scripts.group.supervisor", "--startup-timeout",
            str(timeout), "--address", "tcp://127.0.0.1:0",
            *(["--log", str(logfile)] if log else ["--no-log"]), *args]
-    env = dict(os.environ, **(env or {}), PYTHONPATH=str(ROOT))
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, **(env or {}), PYTHONPATH=str(ROOT), **{TAG_VARIABLE: tag})
+    # The caller's session, not one of its own: Linux's autogroup puts each session in a
+    # scheduling group of its own, which gets as much CPU as the caller's whatever either
+    # runs; a test client beside a busy group then waited up to 52 ms for a core (perf
+    # sched; docs/structured.md, "Built before the step"). Its own process group keeps
+    # a terminal's Ctrl-C to the caller.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err.open("w"), env=env,
-                            text=True, start_new_session=True)
+                            text=True, process_group=0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if line.startswith("ready "):
             http = proc.stdout.readline().split()[1] if "--http-port" in args else None
-            return Group(proc, line.split()[-1], logfile, err, http)  # ready [joined] ADDR
+            return Group(proc, line.split()[-1], logfile, err, http, tag)  # ready [joined] ADDR
         if not line and proc.poll() is not None:
             break
     proc.kill()

@@ -77,27 +77,12 @@ def test_a_dead_process_stops_the_group_non_zero(tmp_path, victim, args):
     assert wait_dead(pids.values())
 
 
-def session_pids(g) -> list[int]:
-    """Every live process of serve's session but serve itself: the group's children (serve
-    runs in a session of its own; a child that outlives serve keeps its session id)."""
-    found = []
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == g.proc.pid and int(d) != g.proc.pid and fields[0] != "Z":
-            found.append(int(d))
-    return found
-
-
 def stuck_gateway_group(tmp_path, drain: str):
     """A group with a gateway that cannot act on SIGTERM (stopped, as one stuck in its loop
     is to a signal handler); its children's pids."""
     g = start_group(tmp_path, ["--model", "null", "--http-port", "0", "--drain-timeout", drain],
                     log=False)
-    pids = session_pids(g)
+    pids = g.pids()
     assert len(pids) >= 4, pids   # worker, core, frontend, gateway
     os.kill(g.pid_of("-m frontend.http"), signal.SIGSTOP)
     return g, pids
@@ -112,7 +97,7 @@ def test_a_stuck_gateway_is_killed_after_the_grace_and_nothing_is_left(tmp_path)
     finally:
         g.stop(signal.SIGKILL)
     assert code == 0, g.tail()
-    assert wait_dead(pids) and not session_pids(g)
+    assert wait_dead(pids) and not g.pids()
 
 
 def test_a_second_signal_kills_at_once(tmp_path):
@@ -127,18 +112,18 @@ def test_a_second_signal_kills_at_once(tmp_path):
     finally:
         g.stop(signal.SIGKILL)
     assert took < 20, took
-    assert wait_dead(pids) and not session_pids(g)
+    assert wait_dead(pids) and not g.pids()
 
 
 def test_serve_killed_leaves_no_orphan(tmp_path):
     """PR_SET_PDEATHSIG SIGKILL in every child (core/ipc/lifeline.py; a stuck one included:
     tests/core/test_lifeline.py)."""
     g = start_group(tmp_path, ["--model", "null", "--http-port", "0"], log=False)
-    pids = session_pids(g)
+    pids = g.pids()
     g.proc.kill()
     g.proc.wait()
     try:
         assert len(pids) >= 4 and wait_dead(pids), [p for p in pids if alive(p)]
     finally:
-        for p in session_pids(g):   # a failed test leaves nothing behind either
+        for p in g.pids():   # a failed test leaves nothing behind either
             os.kill(p, signal.SIGKILL)
