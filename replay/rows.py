@@ -38,6 +38,7 @@ def _quantization(v, where: str) -> dict:
     optional(lambda m, w: one_of(m, w, QUANT_MODES), q.get("mode"), f"{where} mode")
     for name, qtype in mapping(q.get("layers", {}), f"{where} layers").items():
         text(qtype, f"{where} layers {name}")
+    mapping(q.get("prefill", {}), f"{where} prefill")   # --prefill-bf16's (worker/quantized.py)
     return q
 
 

@@ -29,6 +29,9 @@ def main(argv=None) -> int:
                    help="quantize a float checkpoint's linear layers at load (worker/quantized.py)")
     p.add_argument("--dequantize", action="store_true",
                    help="serve a quantized GGUF as float weights of --dtype")
+    p.add_argument("--prefill-bf16", action="store_true",
+                   help="quantized layers multiply calls of 16 rows or more in bfloat16"
+                        " (worker/quantized.py)")
     p.add_argument("--draft", default=None, metavar="MODEL",
                    help="a draft model for speculative decoding (worker/draft.py), as --model"
                         " takes it; its vocabulary must be the model's")
@@ -70,7 +73,8 @@ def main(argv=None) -> int:
         runner = make_runner(a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
                              kv_memory=a.kv_memory, block_size=a.block_size,
                              max_model_len=a.max_model_len, batch_invariant=a.batch_invariant,
-                             quantize=a.quantize, dequantize=a.dequantize, draft=a.draft)
+                             quantize=a.quantize, dequantize=a.dequantize, draft=a.draft,
+                             prefill_bf16=a.prefill_bf16)
     except (*LOAD_ERRORS, RegistryUnavailable) as e:   # settings or a model it cannot serve
         return refuse(str(e))
     runner.info.threads = described(a.threads or cores())

@@ -74,15 +74,20 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                 num_blocks: int | None = None, kv_memory: int | None = None,
                 block_size: int = 16, max_model_len: int | None = None, tp: int = 1,
                 batch_invariant: bool | None = False, quantize: str | None = None,
-                dequantize: bool = False, draft: str | None = None):
+                dequantize: bool = False, draft: str | None = None,
+                prefill_bf16: bool = False):
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
     The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
     tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
     kv_memory is then per rank. `batch_invariant`: docs/design/cpu-paths.md, "Batch-invariant mode"
     (ValueError where it cannot run; None: on where it can, off elsewhere). `quantize`,
     `dequantize`: which weights stay quantized (worker/quantized.py). `draft`: a draft model
-    for speculative decoding (worker/draft.py), loaded as `model` is, with a pool like its."""
+    for speculative decoding (worker/draft.py), loaded as `model` is, with a pool like its.
+    `prefill_bf16`: quantized layers multiply wide eager calls in bfloat16 (worker/quantized.py,
+    wide_bf16)."""
     if model == "null":
+        if prefill_bf16:
+            raise ValueError("--prefill-bf16 needs quantized weights: the null model has none")
         if batch_invariant:   # None (where it can) is off here
             raise ValueError("--batch-invariant needs a model: the null model has no logits")
         from worker.null import NullRunner
@@ -113,8 +118,12 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     if mode == "gguf":
         from worker.gguf_tensors import GgufTensors
         tensors = GgufTensors(checkpoint["path"])
+    if prefill_bf16:
+        batch_invariant = quantized.prefill_bf16_invariance(mode, batch_invariant)
     hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp, tensors)
     quantization = {"mode": mode, "layers": layers}
+    if prefill_bf16:
+        quantization["prefill"] = quantized.wide_bf16(hf)
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = context_limit(cfg, max_model_len)
     shape = kv.kv_shape(cfg, tp)

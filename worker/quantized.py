@@ -20,6 +20,10 @@ from __future__ import annotations
 import sys
 
 QUANTIZE = ("q8_0", "q4_0")
+# --prefill-bf16: a quantized layer's eager calls of this many rows or more multiply in
+# bfloat16 (fewer rows read their weights from memory whatever the arithmetic: float32's
+# tiles are as fast there; docs/design/cpu-paths.md, "Prompts in bfloat16")
+PREFILL_BF16_ROWS = 16
 FLOAT = frozenset({"F32", "F16", "BF16"})
 
 
@@ -88,11 +92,42 @@ def _why_float(checkpoint: dict, device, dtype, tp, architectures) -> str | None
     return None
 
 
+def prefill_bf16_invariance(mode: str, batch_invariant: bool | None) -> bool:
+    """The batch-invariant setting `--prefill-bf16` runs with (off: a row's logits then
+    depend on how many rows its step's calls hold); ValueError where it cannot run."""
+    if mode == "none":
+        raise ValueError("--prefill-bf16 multiplies quantized weights, and these are float "
+                         "(a float checkpoint without --quantize, or --dequantize)")
+    if batch_invariant:
+        raise ValueError("--prefill-bf16 and --batch-invariant: in bfloat16 a row's logits "
+                         "depend on its batch; pass one")
+    from worker.linear.quant import has_bf16
+    if not has_bf16():
+        raise ValueError("--prefill-bf16 needs a CPU with AVX512_BF16 (and the quantized "
+                         "kernel built): this one has not")
+    return False
+
+
+def wide_bf16(model) -> dict:
+    """Every quantized layer of `model` multiplies calls of PREFILL_BF16_ROWS rows or more in
+    bfloat16; what the step log records of it. ValueError for a model with none."""
+    from worker.linear.quant_module import QuantLinear
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not layers:
+        raise ValueError("--prefill-bf16 multiplies quantized weights, and this model has "
+                         "none (a float GGUF file)")
+    for layer in layers:
+        layer.bf16_rows = PREFILL_BF16_ROWS
+    return {"dtype": "bfloat16", "rows": PREFILL_BF16_ROWS}
+
+
 def settings(info: dict) -> dict:
     """make_runner's keywords that re-create a logged worker's weights (replay)."""
-    mode = (info.get("quantization") or {}).get("mode")
+    quantization = info.get("quantization") or {}
+    mode = quantization.get("mode")
+    wide = {"prefill_bf16": True} if quantization.get("prefill") else {}
     if mode in QUANTIZE:
-        return {"quantize": mode}
+        return {"quantize": mode, **wide}
     if mode == "gguf":
-        return {}
+        return wide
     return {"dequantize": True}   # "none", or a log from before quantized weights

@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
                             " evenly among the --dp replicas' --tp ranks; worker/threads.py)")
     model.add_argument("--quantize", choices=["q8_0", "q4_0"], default=None,
                        help="quantize a float checkpoint's linear layers at load")
+    model.add_argument("--prefill-bf16", action="store_true",
+                       help="multiply quantized weights in bfloat16 in prompt steps (1.5-2x"
+                            " faster prompts; not batch-invariant; AVX512_BF16 only;"
+                            " docs/design/cpu-paths.md, Prompts in bfloat16)")
     sched = p.add_argument_group("scheduling")
     kv = p.add_argument_group("KV cache")
     kv.add_argument("--num-blocks", type=int, default=None,
@@ -146,6 +150,9 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--nnodes over 1 needs --dist-init tcp://HOST:PORT, and --dp 1")
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    if a.prefill_bf16 and a.batch_invariant:
+        p.error("--prefill-bf16 and --batch-invariant: in bfloat16 a row's logits depend on"
+                " its batch; pass one")
     if a.served_model_name is not None and not a.served_model_name.strip():
         p.error("--served-model-name must not be empty")
     try:

@@ -99,20 +99,31 @@ half_block(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
 #define DROWS {DROW(1), DROW(2), DROW(3)}
 #endif
 
-/* Each lane's sum runs over the half blocks in order, as at the head of quant_gemm.c. */
 static inline __attribute__((always_inline)) void
-decoded_tile(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
-             const float *b, float *y, int64_t ldy) {
-    lanes acc[PR][PC];
+zero_sums(int R, int C, lanes acc[PR][PC]) {
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = lanes_zero();
-    for (int64_t j = 0; j < k; j += 16) half_block(R, C, x + j, k, w + j, ldw, acc);
+}
+
+/* a tile's R x C outputs: each one's lanes halved to a float, then its bias added */
+static inline __attribute__((always_inline)) void
+store_sums(int R, int C, lanes acc[PR][PC], const float *b, float *y, int64_t ldy) {
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
             float s = lanes_sum(acc[r][c]);
             if (b) s += b[c];
             y[r * ldy + c] = s;
         }
+}
+
+/* Each lane's sum runs over the half blocks in order, as at the head of quant_gemm.c. */
+static inline __attribute__((always_inline)) void
+decoded_tile(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
+             const float *b, float *y, int64_t ldy) {
+    lanes acc[PR][PC];
+    zero_sums(R, C, acc);
+    for (int64_t j = 0; j < k; j += 16) half_block(R, C, x + j, k, w + j, ldw, acc);
+    store_sums(R, C, acc, b, y, ldy);
 }
 
 typedef void (*decoded_fn)(const float *, int64_t, const float *, int64_t, const float *,
@@ -194,9 +205,11 @@ static void chunked_strip(const float *x, int64_t m, int64_t k, const float *wf,
 #endif
 
 /* The `cols` weight rows of `type` at w (stride ldw bytes) decoded into out [cols][k], a
- * row every ldo floats. */
-static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
-                        int64_t cols, float *out, int64_t ldo) {
+ * row every ldo floats; or, with `half` given (and out NULL), each rounded to the nearest
+ * bfloat16 into half [cols][k] (quant_bf16.h's path). */
+static inline __attribute__((always_inline)) void
+decode_rows_into(int type, const uint8_t *w, int64_t ldw, int64_t blocks, int64_t cols,
+                 float *out, uint16_t *half, int64_t ldo) {
     const int bytes = block_bytes(type), runs = block_runs(type);
     for (int64_t c = 0; c < cols; c++)
         for (int64_t i = 0; i < blocks; i++) {
@@ -205,12 +218,23 @@ static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
             block_factors_of(type, blk, &f);
             for (int run = 0; run < runs; run++) {
                 lanes w0, w1;
-                float *at = out + c * ldo + (i * runs + run) * QK;
+                const int64_t at = c * ldo + (i * runs + run) * QK;
                 lanes_decode(type, blk, run, &f, &w0, &w1);
-                lanes_store(at, w0);
-                lanes_store(at + 16, w1);
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+                if (half) {
+                    _mm512_storeu_si512((void *)(half + at), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+                    continue;
+                }
+#endif
+                lanes_store(out + at, w0);
+                lanes_store(out + at + 16, w1);
             }
         }
+}
+
+static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
+                        int64_t cols, float *out, int64_t ldo) {
+    decode_rows_into(type, w, ldw, blocks, cols, out, NULL, ldo);
 }
 
 /* y[:, 0:cols] (row stride n) from x [m][k] and `cols` decoded weight rows wf [cols][k]

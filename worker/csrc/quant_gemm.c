@@ -208,6 +208,7 @@ static const tiles *tiles_of(int type) {
 }
 
 #include "quant_decoded.h"
+#include "quant_bf16.h"
 
 /* x [m][k], w [n][k] in `type`'s blocks, b [n] or NULL -> y [m][n]. 0, or -1 for a type
  * it does not know or k not a multiple of its block (32 or 256 weights). */

@@ -80,8 +80,10 @@ def load(flags: tuple[str, ...] = ()):
                       (*flags, *LIBS))
     if lib is None:
         return None
-    lib.tl_quant_matmul.argtypes = (_P, _P, _INT, _P, _P, _I64, _I64, _I64, _INT)
-    lib.tl_quant_matmul.restype = _INT
+    for fn in (lib.tl_quant_matmul, lib.tl_quant_matmul_bf16):
+        fn.argtypes = (_P, _P, _INT, _P, _P, _I64, _I64, _I64, _INT)
+        fn.restype = _INT
+    lib.tl_quant_has_bf16.restype = _INT
     lib.tl_quant_isa.restype = ctypes.c_char_p
     return lib
 
@@ -92,25 +94,36 @@ def isa(lib=None) -> str | None:
     return None if lib is None else lib.tl_quant_isa().decode()
 
 
+def has_bf16(lib=None) -> bool:
+    """Whether the kernel has its bfloat16 path (built where the CPU has AVX512_BF16:
+    quant_bf16.h)."""
+    lib = lib or kernel()
+    return lib is not None and bool(lib.tl_quant_has_bf16())
+
+
 def matmul(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
-           lib=None) -> torch.Tensor:
+           lib=None, bf16: bool = False) -> torch.Tensor:
     """F.linear(x, dequantize(qw), bias) for float32 x [..., in]; through the C kernel
-    (`lib`, default the one built here) where there is one."""
+    (`lib`, default the one built here) where there is one. `bf16`: blocks_matmul's."""
     out, k = qw.shape
     if x.dtype != torch.float32:
         raise TypeError(f"a quantized linear layer takes float32 input, not {x.dtype}")
     if x.shape[-1] != k:
         raise ValueError(f"input of {x.shape[-1]} features for a weight of {k}")
-    return blocks_matmul(x, qw.data, qw.qtype.ggml_id, bias, lib)
+    return blocks_matmul(x, qw.data, qw.qtype.ggml_id, bias, lib, bf16)
 
 
 def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
-                  bias: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+                  bias: torch.Tensor | None = None, lib=None, bf16: bool = False) -> torch.Tensor:
     """matmul on a weight's bare blocks (`data` [out, in / block * block_bytes] uint8, type
-    `ggml_id`): the kernel of the decode graph's op tl::quant_linear (worker/graph.py)."""
+    `ggml_id`): the kernel of the decode graph's op tl::quant_linear (worker/graph.py).
+    `bf16`: x and the weights rounded to bfloat16 and multiplied so (`--prefill-bf16`:
+    quant_bf16.h), where the kernel has that path (has_bf16), else a ValueError."""
     out, k = data.shape[0], x.shape[-1]
     lib = lib or kernel()
     if lib is None:
+        if bf16:
+            raise ValueError("the quantized kernel's bfloat16 path is not built here")
         return F.linear(x, dequantize(QuantWeight(data, BY_ID[ggml_id], (out, k))), bias)
     # few torch calls: this runs for every layer of every step, from the decode graph too
     if not x.is_contiguous():
@@ -120,9 +133,10 @@ def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
     if rows and out:
-        rc = lib.tl_quant_matmul(x.data_ptr(), data.data_ptr(), ggml_id,
-                                 None if bias is None else bias.data_ptr(), y.data_ptr(),
-                                 rows, k, out, torch.get_num_threads())
+        fn = lib.tl_quant_matmul_bf16 if bf16 else lib.tl_quant_matmul
+        rc = fn(x.data_ptr(), data.data_ptr(), ggml_id,
+                None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k, out,
+                torch.get_num_threads())
         if rc != 0:   # y was not written: refuse, as the C++ kernel does (csrc/torch_ops.cpp)
             raise ValueError(f"quantized kernel refused type {ggml_id} [{out}, {k}] ({rc})")
     return y

@@ -14,7 +14,10 @@ from worker.linear.quantize import quantize
 
 
 class QuantLinear(nn.Module):
-    """y = x W^T + b with W in quantized blocks; float32 in and out."""
+    """y = x W^T + b with W in quantized blocks; float32 in and out. An eager call of at
+    least `bf16_rows` rows (0: none) multiplies in bfloat16 (`--prefill-bf16`, quant_bf16.h)."""
+
+    bf16_rows = 0
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
         super().__init__()
@@ -31,7 +34,8 @@ class QuantLinear(nn.Module):
         if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
             return torch.ops.tl.quant_linear(x, self.blocks, self.bias,
                                              self.qweight.qtype.ggml_id)
-        return matmul(x, self.qweight, self.bias)
+        wide = self.bf16_rows and x.numel() >= self.bf16_rows * self.in_features
+        return matmul(x, self.qweight, self.bias, bf16=bool(wide))
 
     def dense(self) -> torch.Tensor:
         """The float32 weight it multiplies by (for references and tests)."""
