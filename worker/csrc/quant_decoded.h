@@ -205,11 +205,9 @@ static void chunked_strip(const float *x, int64_t m, int64_t k, const float *wf,
 #endif
 
 /* The `cols` weight rows of `type` at w (stride ldw bytes) decoded into out [cols][k], a
- * row every ldo floats; or, with `half` given (and out NULL), each rounded to the nearest
- * bfloat16 into half [cols][k] (quant_bf16.h's path). */
-static inline __attribute__((always_inline)) void
-decode_rows_into(int type, const uint8_t *w, int64_t ldw, int64_t blocks, int64_t cols,
-                 float *out, uint16_t *half, int64_t ldo) {
+ * row every ldo floats. */
+static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
+                        int64_t cols, float *out, int64_t ldo) {
     const int bytes = block_bytes(type), runs = block_runs(type);
     for (int64_t c = 0; c < cols; c++)
         for (int64_t i = 0; i < blocks; i++) {
@@ -218,23 +216,12 @@ decode_rows_into(int type, const uint8_t *w, int64_t ldw, int64_t blocks, int64_
             block_factors_of(type, blk, &f);
             for (int run = 0; run < runs; run++) {
                 lanes w0, w1;
-                const int64_t at = c * ldo + (i * runs + run) * QK;
+                float *at = out + c * ldo + (i * runs + run) * QK;
                 lanes_decode(type, blk, run, &f, &w0, &w1);
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-                if (half) {
-                    _mm512_storeu_si512((void *)(half + at), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-                    continue;
-                }
-#endif
-                lanes_store(out + at, w0);
-                lanes_store(out + at + 16, w1);
+                lanes_store(at, w0);
+                lanes_store(at + 16, w1);
             }
         }
-}
-
-static void decode_rows(int type, const uint8_t *w, int64_t ldw, int64_t blocks,
-                        int64_t cols, float *out, int64_t ldo) {
-    decode_rows_into(type, w, ldw, blocks, cols, out, NULL, ldo);
 }
 
 /* y[:, 0:cols] (row stride n) from x [m][k] and `cols` decoded weight rows wf [cols][k]
