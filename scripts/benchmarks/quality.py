@@ -5,12 +5,14 @@ and by llama.cpp's llama-perplexity on the GGUF itself, over the same tokens and
 and greedy agreement with llama-server on 64 chat prompts (docs/design/benchmarks.md, "Quality").
 
     scripts/bench quality [--json FILE] [--model smollm2] [--ctx 512] [--allow-dirty]
+        [--engine-args=--prefill-bf16]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -66,10 +68,12 @@ def rendered_chats(ckpt: Path, questions: list[str]) -> list[list[int]]:
                            add_special_tokens=False)["input_ids"] for q in questions]
 
 
-def run_engine(model: str, tmp: Path, wins, ctx: int, prompts, eog) -> tuple[list, list]:
+def run_engine(model: str, tmp: Path, wins, ctx: int, prompts, eog,
+               engine_args: str = "") -> tuple[list, list]:
     from scripts.benchmarks import _quality_engine as eng
     from scripts.group.harness import start_group
-    group = start_group(tmp, ["--model", model, "--http-port", "0"], log=False, timeout=600)
+    group = start_group(tmp, ["--model", model, "--http-port", "0", *shlex.split(engine_args)],
+                        log=False, timeout=600)
     try:
         scores = eng.score(group.http, wins, ctx)
         gen = eng.greedy(group.address, prompts, GREEDY_TOKENS, eog) if prompts else []
@@ -85,6 +89,8 @@ def parse(argv=None) -> argparse.Namespace:
                     "llama-perplexity's)")
     ap.add_argument("--json", default=None, help="write the figures here")
     prov.add_allow_dirty(ap)
+    ap.add_argument("--engine-args", default="",
+                    help="more scripts/serve flags for the engine, e.g. --engine-args=--prefill-bf16")
     ap.add_argument("--no-llamacpp", action="store_true",
                     help="skip llama.cpp (its figures are null)")
     ap.add_argument("--llamacpp-threads", type=int, default=None,
@@ -96,7 +102,8 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = parse(argv)
     start = prov.begin("quality", a.json, a.allow_dirty)
-    doc = {"model": a.model, "uptime_before": uptime(), "machine": bl.machine()}
+    doc = {"model": a.model, "engine_args": a.engine_args, "uptime_before": uptime(),
+           "machine": bl.machine()}
     from worker.gguf_file import hash_file
     gguf, ckpt = gguf_model(a.model)
     doc.update(model_file=gguf.name, model_sha256=hash_file(gguf))
@@ -130,7 +137,7 @@ def measure(a, tmp: Path, gguf: Path, ckpt: Path, wins: list[list[int]]) -> dict
     seconds = {}
     t0 = time.monotonic()
     engine, gen = run_engine(a.model, tmp, wins, a.ctx, [] if eog is None else prompts,
-                             eog or [])
+                             eog or [], a.engine_args)
     seconds["engine"] = time.monotonic() - t0
     t0 = time.monotonic()
     from worker.load import float_checkpoint, resolve_checkpoint
@@ -178,7 +185,8 @@ def report(doc: dict) -> None:
     num = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     w = doc["windows"]
     print(f"quality: {doc['model']} ({doc['model_file']}), {doc['tokens']} tokens scored in "
-          f"{w['count']} windows of {w['ctx']}")
+          f"{w['count']} windows of {w['ctx']}"
+          + (f"; engine flags {doc['engine_args']}" if doc.get("engine_args") else ""))
     print(bl.table([("engine", num(doc["ppl_engine"]), ""),
                     ("transformers", num(doc["ppl_transformers"]),
                      pct(doc["engine_vs_transformers"])),
