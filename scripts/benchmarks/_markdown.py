@@ -26,3 +26,13 @@ def markdown(header: tuple, rows: list[tuple]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# the engine's serve flags a compare JSON names beyond those every run passes
+SERVE_FLAGS_SHOWN = ("--prefill-bf16",)
+
+
+def engine_flags(doc: dict) -> str:
+    """` --prefill-bf16` where the engine ran with it (compare's serve_args), else ""."""
+    args = get(doc, "engine", "serve_args") or []
+    return "".join(f" `{a}`" for a in args if a in SERVE_FLAGS_SHOWN)

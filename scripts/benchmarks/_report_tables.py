@@ -3,7 +3,8 @@
 JSONs predate _provenance.py) reads "unknown" or "-", never an error."""
 from __future__ import annotations
 
-from scripts.benchmarks._markdown import UNKNOWN, get, markdown, num  # noqa: F401 (rt.*)
+from scripts.benchmarks._markdown import (UNKNOWN, engine_flags, get, markdown,  # noqa: F401
+                                          num)  # (rt.*)
 
 
 # ---------------------------------------------------------------- provenance
@@ -83,17 +84,21 @@ def compare_llamacpp(doc: dict) -> str:
                 hits = (f"{f['prefix_hit_tokens']} / {f['prefix_query_tokens']}"
                         if "prefix_query_tokens" in f else "not recorded")
                 ratio = num(row.get("engine_over_llamacpp_tok_s"), ".2f")
+                prefill = num(row.get("engine_over_llamacpp_prefill"), ".2f")
             else:
-                hits, ratio = "cache off", ""
+                hits, ratio, prefill = "cache off", "", ""
             bench = "" if name == "engine" else num(row.get("llamacpp_batched_bench_tok_s"))
-            rows.append((c, label, num(f.get("output_tok_s")), _ms_pair(f, "ttft_ms"),
-                         _ms_pair(f, "tpot_ms"), hits, ratio, _drawn(row, name), bench))
+            rows.append((c, label + (engine_flags(doc) if name == "engine" else ""),
+                         num(f.get("output_tok_s")), _ms_pair(f, "ttft_ms"),
+                         _ms_pair(f, "tpot_ms"), hits, ratio, _drawn(row, name), bench,
+                         prefill))
     caches = doc.get("caches") or "not recorded (before each level started cold)"
     header = ("in flight", "system", "out tok/s", "TTFT p50 / p99 ms", "TPOT p50 / p99 ms",
               "prefix hit / query tokens", "tl-engine / llama.cpp")
     triad = ""
     if "bandwidth_gb_s" in doc:   # runs before the bandwidth figures keep their columns
-        header += ("GB/s (of triad)", "llama-batched-bench tok/s")
+        header += ("GB/s (of triad)", "llama-batched-bench tok/s",
+                   "prefill tok/s, tl-engine / llama.cpp")
         triad = (f" Triad {num(doc['bandwidth_gb_s'], '.2f')} GB/s, bytes per token"
                  f" {num(get(doc, 'bytes_per_token', 'bytes_per_token'), ',.0f')}.")
     rows = [r[:len(header)] for r in rows]
@@ -136,7 +141,8 @@ def compare(doc: dict) -> str:
 
 def quality(doc: dict) -> str:
     rel = lambda v: "-" if v is None else f"{100 * v:+.3g}%"  # noqa: E731
-    rows = [("tl-engine", num(doc.get("ppl_engine"), ".4f"), "-"),
+    flags = f" `{doc['engine_args']}`" if doc.get("engine_args") else ""
+    rows = [(f"tl-engine{flags}", num(doc.get("ppl_engine"), ".4f"), "-"),
             ("transformers", num(doc.get("ppl_transformers"), ".4f"),
              rel(doc.get("engine_vs_transformers"))),
             ("llama.cpp `llama-perplexity`", num(doc.get("ppl_llamacpp"), ".4f"),

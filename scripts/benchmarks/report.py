@@ -63,7 +63,8 @@ def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     vectors = rt.get(doc, "machine", "cpu_vectors")   # the kernels' paths differ by ISA
     stem = Path(str(model.get("file") or model.get("name", "") if isinstance(model, dict)
                     else model)).name.split(".")[0]
-    label = f"{stem} {name}" + (f" on {vectors}" if vectors else "")
+    label = (f"{stem} {name}" + (f" on {vectors}" if vectors else "")
+             + rt.engine_flags(doc).replace("`", ""))
     levels = doc.get("levels") or {}
     if not levels:
         return []
@@ -82,6 +83,19 @@ def _llamacpp_file_rows(doc: dict) -> list[tuple]:
     return rows
 
 
+def _llamacpp_prefill_rows(doc: dict) -> list[tuple]:
+    """The tok/s row, and the prompts' speed against llama.cpp's at every level (the
+    figure --prefill-bf16 is for)."""
+    rows = _llamacpp_file_rows(doc)[:1]
+    levels = doc.get("levels") or {}
+    if rows and levels:
+        label = rows[0][0].split(", out tok/s")[0]
+        rows.append((f"{label}, prefill tok/s ratio, {' / '.join(map(str, levels))} in flight",
+                     "", "", " / ".join(_ratio(r.get("engine_over_llamacpp_prefill"))
+                                        for r in levels.values())))
+    return rows
+
+
 def _llamacpp_tok_rows(doc: dict) -> list[tuple]:
     """The tok/s row alone (the 135M model's files, below the real-size ones)."""
     return _llamacpp_file_rows(doc)[:1]
@@ -96,10 +110,11 @@ def _quality_rows(doc: dict) -> list[tuple]:
 
 HEADLINE = (("compare-llamacpp-1b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-1b-q4_k_m.json", _llamacpp_file_rows),
+            ("compare-llamacpp-1b-q4_k_m-bf16.json", _llamacpp_prefill_rows),
             ("compare-llamacpp-3b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-3b-q4_k_m.json", _llamacpp_file_rows),
             ("compare-llamacpp-q4_1.json", _llamacpp_tok_rows),
-            ("quality.json", _quality_rows))   # the README's rows: at most 10
+            ("quality.json", _quality_rows))   # the README's rows: at most 12
 
 
 def _no_dirs(text: str) -> str:

@@ -153,6 +153,25 @@ def test_a_gguf_comparison_is_labelled_by_its_model_and_file_type():
     assert _llamacpp_file_rows(doc)[0][0].startswith("m Q4_1 on avx2, ")
 
 
+def test_a_comparison_with_prefill_bf16_says_so_and_gives_the_prefill_ratio():
+    from scripts.benchmarks import _report_tables as rt
+    from scripts.benchmarks.report import _llamacpp_prefill_rows
+    doc = {"model": "/c/m.Q4_K_M.gguf", "engine": {"serve_args": ["--model", "x",
+                                                                   "--prefill-bf16"]},
+           "bandwidth_gb_s": 40.0, "levels": {"1": {
+               "engine": {"output_tok_s": 40.0, "tpot_ms": {"p50": 20.0}},
+               "llamacpp": {"output_tok_s": 50.0, "tpot_ms": {"p50": 16.0}},
+               "engine_over_llamacpp_tok_s": 0.8, "engine_over_llamacpp_prefill": 1.6}}}
+    rows = _llamacpp_prefill_rows(doc)
+    assert rows[0][0].startswith("m Q4_K_M --prefill-bf16, out tok/s")
+    assert rows[1][0] == "m Q4_K_M --prefill-bf16, prefill tok/s ratio, 1 in flight"
+    assert rows[1][3] == "1.60x"
+    table = rt.compare_llamacpp(doc)
+    assert "tl-engine `--prefill-bf16`" in table and "| 1.60 |" in table
+    doc["engine"]["serve_args"] = ["--model", "x"]
+    assert "--prefill-bf16" not in rt.compare_llamacpp(doc)
+
+
 def test_the_curve_table_gives_each_setting_and_the_cost():
     doc = {"curve_cost_us_per_request": 41.5, "workload": {"turns": 4, "requests": 256,
                                                            "inflight": 64},
