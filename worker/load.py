@@ -119,7 +119,8 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
         from worker.gguf_tensors import GgufTensors
         tensors = GgufTensors(checkpoint["path"])
     if prefill_bf16:
-        batch_invariant = quantized.prefill_bf16_invariance(mode, batch_invariant)
+        quantized.check_prefill_bf16(mode, batch_invariant)
+        batch_invariant = False
     hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp, tensors)
     quantization = {"mode": mode, "layers": layers}
     if prefill_bf16:

@@ -92,9 +92,9 @@ def _why_float(checkpoint: dict, device, dtype, tp, architectures) -> str | None
     return None
 
 
-def prefill_bf16_invariance(mode: str, batch_invariant: bool | None) -> bool:
-    """The batch-invariant setting `--prefill-bf16` runs with (off: a row's logits then
-    depend on how many rows its step's calls hold); ValueError where it cannot run."""
+def check_prefill_bf16(mode: str, batch_invariant: bool | None) -> None:
+    """ValueError where `--prefill-bf16` cannot run. It runs with batch invariance off (a
+    row's logits then depend on how many rows its step's calls hold)."""
     if mode == "none":
         raise ValueError("--prefill-bf16 multiplies quantized weights, and these are float "
                          "(a float checkpoint without --quantize, or --dequantize)")
@@ -105,7 +105,6 @@ def prefill_bf16_invariance(mode: str, batch_invariant: bool | None) -> bool:
     if not has_bf16():
         raise ValueError("--prefill-bf16 needs a CPU with AVX512_BF16 (and the quantized "
                          "kernel built): this one has not")
-    return False
 
 
 def wide_bf16(model) -> dict:

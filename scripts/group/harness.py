@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from scripts import ROOT
 
@@ -25,7 +25,7 @@ class Group:
     http: str | None = None    # the gateway's base URL when started with --http-port
     # in every process of the group's environment (TAG_VARIABLE): how pids() finds them,
     # orphans included
-    tag: str = field(default_factory=lambda: uuid.uuid4().hex)
+    tag: str = ""
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -27,15 +27,13 @@ int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, 
 /* 32 floats to 32 bfloat16, each rounded to nearest (even) */
 static inline __m512bh to_bf16(__m512 lo, __m512 hi) { return _mm512_cvtne2ps_pbh(hi, lo); }
 
-/* x [m][k] float32 -> xb [m][k] bfloat16 (k a multiple of 32) */
-static void rows_to_bf16(const float *x, int64_t m, int64_t k, uint16_t *xb, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < k; j += 32) {
-            __m512bh v = to_bf16(_mm512_loadu_ps(x + r * k + j),
-                                 _mm512_loadu_ps(x + r * k + j + 16));
-            _mm512_storeu_si512((void *)(xb + r * k + j), (__m512i)v);
-        }
+/* row r of x [m][k] float32 -> xb [m][k] bfloat16 (k a multiple of 32) */
+static void row_to_bf16(const float *x, int64_t k, int64_t r, uint16_t *xb) {
+    for (int64_t j = 0; j < k; j += 32) {
+        __m512bh v = to_bf16(_mm512_loadu_ps(x + r * k + j),
+                             _mm512_loadu_ps(x + r * k + j + 16));
+        _mm512_storeu_si512((void *)(xb + r * k + j), (__m512i)v);
+    }
 }
 
 /* v[c] (16 dwords each) transposed in place: v[j] becomes (old v[0][j], ..., v[15][j]) */
@@ -151,10 +149,11 @@ int tl_quant_matmul_bf16(const float *x, const uint8_t *w, int type, const float
     const int64_t blocks = k / (QK * block_runs(type)), ldw = blocks * block_bytes(type);
     uint16_t *xb = aligned_alloc(64, ((m * k * sizeof(uint16_t)) + 63) / 64 * 64);
     if (xb == NULL) return tl_quant_matmul(x, w, type, b, y, m, k, n, threads);
-    rows_to_bf16(x, m, k, xb, threads);
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
+        #pragma omp for schedule(static)     /* x rounded once (the loop's end waits) */
+        for (int64_t r = 0; r < m; r++) row_to_bf16(x, k, r, xb);
         uint32_t *wp = aligned_alloc(64, k / 2 * OCOLS * sizeof(uint32_t));
         failed = wp == NULL;
         #pragma omp for schedule(static)

@@ -99,31 +99,20 @@ half_block(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
 #define DROWS {DROW(1), DROW(2), DROW(3)}
 #endif
 
+/* Each lane's sum runs over the half blocks in order, as at the head of quant_gemm.c. */
 static inline __attribute__((always_inline)) void
-zero_sums(int R, int C, lanes acc[PR][PC]) {
+decoded_tile(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
+             const float *b, float *y, int64_t ldy) {
+    lanes acc[PR][PC];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = lanes_zero();
-}
-
-/* a tile's R x C outputs: each one's lanes halved to a float, then its bias added */
-static inline __attribute__((always_inline)) void
-store_sums(int R, int C, lanes acc[PR][PC], const float *b, float *y, int64_t ldy) {
+    for (int64_t j = 0; j < k; j += 16) half_block(R, C, x + j, k, w + j, ldw, acc);
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
             float s = lanes_sum(acc[r][c]);
             if (b) s += b[c];
             y[r * ldy + c] = s;
         }
-}
-
-/* Each lane's sum runs over the half blocks in order, as at the head of quant_gemm.c. */
-static inline __attribute__((always_inline)) void
-decoded_tile(int R, int C, const float *x, int64_t k, const float *w, int64_t ldw,
-             const float *b, float *y, int64_t ldy) {
-    lanes acc[PR][PC];
-    zero_sums(R, C, acc);
-    for (int64_t j = 0; j < k; j += 16) half_block(R, C, x + j, k, w + j, ldw, acc);
-    store_sums(R, C, acc, b, y, ldy);
 }
 
 typedef void (*decoded_fn)(const float *, int64_t, const float *, int64_t, const float *,
