@@ -39,6 +39,7 @@ def _quantization(v, where: str) -> dict:
     for name, qtype in mapping(q.get("layers", {}), f"{where} layers").items():
         text(qtype, f"{where} layers {name}")
     mapping(q.get("prefill", {}), f"{where} prefill")   # --prefill-bf16's (worker/quantized.py)
+    mapping(q.get("activations", {}), f"{where} activations")   # --int8-activations'
     return q
 
 

@@ -6,6 +6,7 @@ import zmq
 
 from core.ipc.lifeline import die_with_parent, exit_now, sigterm_as_interrupt
 from worker.bf16 import dtype_name
+from worker.quantized import quantized_flags_problem
 from worker.threads import cores, described, set_wait_policy, threads_problem, use_threads
 
 
@@ -32,6 +33,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-bf16", action="store_true",
                    help="quantized layers multiply calls of 16 rows or more in bfloat16"
                         " (worker/quantized.py)")
+    p.add_argument("--int8-activations", action="store_true",
+                   help="quantized layers round their input to int8 (worker/quantized.py)")
     p.add_argument("--draft", default=None, metavar="MODEL",
                    help="a draft model for speculative decoding (worker/draft.py), as --model"
                         " takes it; its vocabulary must be the model's")
@@ -48,6 +51,8 @@ def main(argv=None) -> int:
         p.error(why)
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    if why := quantized_flags_problem(a):
+        p.error(why)
     if why := threads_problem(a.threads, cores()):
         p.error(why)
     # before torch loads libgomp, which reads it once
@@ -74,7 +79,8 @@ def main(argv=None) -> int:
                              kv_memory=a.kv_memory, block_size=a.block_size,
                              max_model_len=a.max_model_len, batch_invariant=a.batch_invariant,
                              quantize=a.quantize, dequantize=a.dequantize, draft=a.draft,
-                             prefill_bf16=a.prefill_bf16)
+                             prefill_bf16=a.prefill_bf16,
+                             int8_activations=a.int8_activations)
     except (*LOAD_ERRORS, RegistryUnavailable) as e:   # settings or a model it cannot serve
         return refuse(str(e))
     runner.info.threads = described(a.threads or cores())

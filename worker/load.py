@@ -75,7 +75,7 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
                 block_size: int = 16, max_model_len: int | None = None, tp: int = 1,
                 batch_invariant: bool | None = False, quantize: str | None = None,
                 dequantize: bool = False, draft: str | None = None,
-                prefill_bf16: bool = False):
+                prefill_bf16: bool = False, int8_activations: bool = False):
     """A ModelRunner for a preset or local checkpoint, or the NullRunner for "null".
     The KV pool holds num_blocks blocks, or what kv_memory bytes hold, or a default.
     tp > 1: this process's shard of the model (worker/tp.py has set up the process group);
@@ -84,10 +84,11 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     `dequantize`: which weights stay quantized (worker/quantized.py). `draft`: a draft model
     for speculative decoding (worker/draft.py), loaded as `model` is, with a pool like its.
     `prefill_bf16`: quantized layers multiply wide eager calls in bfloat16 (worker/quantized.py,
-    wide_bf16)."""
+    wide_bf16). `int8_activations`: they round their input to int8 (quantized.int8_activations)."""
     if model == "null":
-        if prefill_bf16:
-            raise ValueError("--prefill-bf16 needs quantized weights: the null model has none")
+        if prefill_bf16 or int8_activations:
+            raise ValueError(f"--{'prefill-bf16' if prefill_bf16 else 'int8-activations'} "
+                             "needs quantized weights: the null model has none")
         if batch_invariant:   # None (where it can) is off here
             raise ValueError("--batch-invariant needs a model: the null model has no logits")
         from worker.null import NullRunner
@@ -121,10 +122,14 @@ def make_runner(model: str, *, device: str = "cpu", dtype: str = "float32",
     if prefill_bf16:
         quantized.check_prefill_bf16(mode, batch_invariant)
         batch_invariant = False
+    if int8_activations:
+        quantized.check_int8(mode)
     hf, layers = load_weights(path, checkpoint, mode, device, dtype, tp, tensors)
     quantization = {"mode": mode, "layers": layers}
     if prefill_bf16:
         quantization["prefill"] = quantized.wide_bf16(hf)
+    if int8_activations:
+        quantization["activations"] = quantized.int8_activations(hf)
     cfg, torch_dtype = hf.config, getattr(torch, dtype)
     limit = context_limit(cfg, max_model_len)
     shape = kv.kv_shape(cfg, tp)

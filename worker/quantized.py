@@ -24,6 +24,9 @@ QUANTIZE = ("q8_0", "q4_0")
 # bfloat16 (fewer rows read their weights from memory whatever the arithmetic: float32's
 # tiles are as fast there; docs/design/cpu-paths.md, "Prompts in bfloat16")
 PREFILL_BF16_ROWS = 16
+# --int8-activations: x is rounded to int8 in groups of this many values (worker/csrc/
+# quant_int8.h's QS)
+INT8_GROUP = 256
 FLOAT = frozenset({"F32", "F16", "BF16"})
 
 
@@ -92,6 +95,16 @@ def _why_float(checkpoint: dict, device, dtype, tp, architectures) -> str | None
     return None
 
 
+def quantized_flags_problem(a) -> str | None:
+    """Why --prefill-bf16 / --int8-activations cannot run with these flags, or None (the
+    quantized kernel runs with --tp 1; under --tp the weights are float)."""
+    flags = [f for f, on in (("--prefill-bf16", a.prefill_bf16),
+                             ("--int8-activations", a.int8_activations)) if on]
+    if flags and a.tp != 1:
+        return f"{' and '.join(flags)} multiply quantized weights, which run with --tp 1"
+    return None
+
+
 def check_prefill_bf16(mode: str, batch_invariant: bool | None) -> None:
     """ValueError where `--prefill-bf16` cannot run. It runs with batch invariance off (a
     row's logits then depend on how many rows its step's calls hold)."""
@@ -107,24 +120,65 @@ def check_prefill_bf16(mode: str, batch_invariant: bool | None) -> None:
                          "kernel built): this one has not")
 
 
-def wide_bf16(model) -> dict:
-    """Every quantized layer of `model` multiplies calls of PREFILL_BF16_ROWS rows or more in
-    bfloat16; what the step log records of it. ValueError for a model with none."""
+def quant_layers(model, flag: str) -> list:
+    """The QuantLinear layers of `model`; ValueError naming `flag` where it has none."""
     from worker.linear.quant_module import QuantLinear
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not layers:
-        raise ValueError("--prefill-bf16 multiplies quantized weights, and this model has "
-                         "none (a float GGUF file)")
-    for layer in layers:
+        raise ValueError(f"{flag} multiplies quantized weights, and this model has none (a "
+                         "float GGUF file)")
+    return layers
+
+
+def wide_bf16(model) -> dict:
+    """Every quantized layer of `model` multiplies calls of PREFILL_BF16_ROWS rows or more in
+    bfloat16; what the step log records of it. ValueError for a model with none."""
+    for layer in quant_layers(model, "--prefill-bf16"):
         layer.bf16_rows = PREFILL_BF16_ROWS
     return {"dtype": "bfloat16", "rows": PREFILL_BF16_ROWS}
 
 
+def check_int8(mode: str) -> None:
+    """ValueError where `--int8-activations` cannot run."""
+    if mode == "none":
+        raise ValueError("--int8-activations multiplies quantized weights, and these are float "
+                         "(a float checkpoint without --quantize, or --dequantize)")
+    from worker.linear.quant import has_int8
+    if not has_int8():
+        raise ValueError("--int8-activations needs a CPU with AVX2 (and the quantized kernel "
+                         "built): this one has not")
+
+
+def int8_activations(model) -> dict:
+    """Every quantized layer of `model` rounds its input to int8 (docs/design/cpu-paths.md,
+    "Activations in int8"); what the step log records of it: the types it takes (a layer of
+    another type, or of rows not whole groups, multiplies in float32). ValueError for a
+    model with no quantized layer."""
+    from worker.linear.quant import INT8_TYPES
+    layers = quant_layers(model, "--int8-activations")
+    for layer in layers:
+        layer.int8 = True
+    types = {m.qweight.qtype.name for m in layers
+             if m.qweight.qtype.name in INT8_TYPES and m.in_features % INT8_GROUP == 0}
+    return {"dtype": "int8", "group": INT8_GROUP, "types": sorted(types)}
+
+
 def settings(info: dict) -> dict:
-    """make_runner's keywords that re-create a logged worker's weights (replay)."""
+    """make_runner's keywords that re-create a logged worker's weights (replay); ValueError
+    for a log whose bfloat16 or int8 mode this worker's differs from (their bits would)."""
     quantization = info.get("quantization") or {}
     mode = quantization.get("mode")
-    wide = {"prefill_bf16": True} if quantization.get("prefill") else {}
+    wide = {}
+    if prefill := quantization.get("prefill"):
+        if prefill.get("rows") != PREFILL_BF16_ROWS:
+            raise ValueError(f"the log multiplied calls of {prefill.get('rows')} rows or more "
+                             f"in bfloat16, this worker {PREFILL_BF16_ROWS}")
+        wide["prefill_bf16"] = True
+    if activations := quantization.get("activations"):
+        if activations.get("group") != INT8_GROUP:
+            raise ValueError(f"the log rounded activations to int8 in groups of "
+                             f"{activations.get('group')}, this worker {INT8_GROUP}")
+        wide["int8_activations"] = True
     if mode in QUANTIZE:
         return {"quantize": mode, **wide}
     if mode == "gguf":

@@ -78,6 +78,8 @@ def worker_args(a: argparse.Namespace) -> list[str]:
         out += ["--quantize", a.quantize]
     if a.prefill_bf16:
         out.append("--prefill-bf16")
+    if a.int8_activations:
+        out.append("--int8-activations")
     for n in ("num_blocks", "kv_memory", "max_model_len"):
         if getattr(a, n) is not None:
             out += [_flag(n), str(getattr(a, n))]

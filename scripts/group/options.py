@@ -15,6 +15,7 @@ from frontend.http.api_keys import add_key_args
 from frontend.http.origins import parse_origins
 from frontend.http.responses_store import add_store_args
 from worker.bf16 import dtype_name
+from worker.quantized import quantized_flags_problem
 from worker.threads import cores, default_threads, threads_problem
 
 
@@ -45,6 +46,10 @@ def parser() -> argparse.ArgumentParser:
                        help="multiply quantized weights in bfloat16 in prompt steps (1.5-2x"
                             " faster prompts; not batch-invariant; AVX512_BF16 only;"
                             " docs/design/cpu-paths.md, Prompts in bfloat16)")
+    model.add_argument("--int8-activations", action="store_true",
+                       help="round quantized layers' input to int8 and multiply in integers"
+                            " as llama.cpp does (faster decode, not the float answer; AVX2;"
+                            " docs/design/cpu-paths.md, Activations in int8)")
     sched = p.add_argument_group("scheduling")
     kv = p.add_argument_group("KV cache")
     kv.add_argument("--num-blocks", type=int, default=None,
@@ -150,6 +155,8 @@ def parse(argv=None) -> argparse.Namespace:
         p.error("--nnodes over 1 needs --dist-init tcp://HOST:PORT, and --dp 1")
     if a.batch_invariant and a.tp != 1:
         p.error("--batch-invariant runs with --tp 1")
+    if why := quantized_flags_problem(a):
+        p.error(why)
     if a.prefill_bf16 and a.batch_invariant:
         p.error("--prefill-bf16 and --batch-invariant: in bfloat16 a row's logits depend on"
                 " its batch; pass one")

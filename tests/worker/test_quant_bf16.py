@@ -11,6 +11,7 @@ import torch
 
 from scripts.group.supervisor import parse
 from tests.worker.test_kquant_kernels import cols_of, gguf_weights, weight
+from tests.worker.test_quant_int8 import reruns_in_its_mode
 from tests.worker.test_quant_kernels import U
 from worker.linear import quant
 from worker.linear.quant_module import QuantLinear
@@ -141,17 +142,6 @@ def test_the_engine_serves_on_it(runners):
 
 
 def test_replay_reruns_its_log_in_it(runners, tmp_path, capsys):
-    """The log's model_info says --prefill-bf16; the re-run (a worker made from the log alone)
-    takes it, so its prompt steps give the logged tokens."""
-    from replay.__main__ import main as replay_main
-    from replay.logfile import LogFile
-    from tests.worker.test_invariant import record, workload
-    path = str(tmp_path / "w.db")
-    record(runners[1], path, workload(512, 6, seed=5))
-    from replay.model import runner_for
-    meta = LogFile(path).meta
-    assert meta["model_info"]["quantization"]["prefill"]["dtype"] == "bfloat16"
-    rerun = runner_for(meta)
-    assert rerun.info.quantization["prefill"] == runners[1].info.quantization["prefill"]
-    assert replay_main(["verify", "--with-model", path]) == 0
-    assert capsys.readouterr().out.startswith("ok: ")
+    """The log's model_info says --prefill-bf16; the re-run takes it, so its prompt steps
+    give the logged tokens."""
+    reruns_in_its_mode(runners[1], str(tmp_path / "w.db"), "prefill", capsys)

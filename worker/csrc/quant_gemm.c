@@ -209,11 +209,17 @@ static const tiles *tiles_of(int type) {
 
 #include "quant_decoded.h"
 #include "quant_bf16.h"
+#include "quant_int8.h"
 
 /* x [m][k], w [n][k] in `type`'s blocks, b [n] or NULL -> y [m][n]. 0, or -1 for a type
  * it does not know or k not a multiple of its block (32 or 256 weights). */
 int tl_quant_matmul(const float *x, const uint8_t *w, int type, const float *b, float *y,
                     int64_t m, int64_t k, int64_t n, int threads) {
+#if HAS_INT8
+    if ((type & INT8_ACTIVATIONS) && int8_matmul(x, w, type & 0xff, b, y, m, k, n, threads) == 0)
+        return 0;
+    type &= ~INT8_ACTIVATIONS;   /* a type the int8 path lacks: the float32 path's answer */
+#endif
     const tiles *t = tiles_of(type);
     if (!t || k % (QK * block_runs(type))) return -1;
     const tile_fn (*table)[4] = t->small;

@@ -22,6 +22,8 @@ from worker import native
 SOURCE = Path(__file__).parent.parent / "csrc" / "quant_gemm.c"
 LIBS = ("-lm",)   # fmaf, where the CPU has no FMA instructions
 BLOCK = 32        # weights per block of the 32-weight types, the run every type's sum takes
+INT8_ACTIVATIONS = 0x100   # a kernel type's flag: the int8 path (quant_int8.h)
+INT8_TYPES = ("Q4_K", "Q6_K", "Q4_0")   # the types that path multiplies
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -84,6 +86,7 @@ def load(flags: tuple[str, ...] = ()):
         fn.argtypes = (_P, _P, _INT, _P, _P, _I64, _I64, _I64, _INT)
         fn.restype = _INT
     lib.tl_quant_has_bf16.restype = _INT
+    lib.tl_quant_has_int8.restype = _INT
     lib.tl_quant_isa.restype = ctypes.c_char_p
     return lib
 
@@ -101,29 +104,48 @@ def has_bf16(lib=None) -> bool:
     return lib is not None and bool(lib.tl_quant_has_bf16())
 
 
+def has_int8(lib=None) -> bool:
+    """Whether the kernel has its int8 path (built where the CPU has AVX2: quant_int8.h)."""
+    lib = lib or kernel()
+    return lib is not None and bool(lib.tl_quant_has_int8())
+
+
 def matmul(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
-           lib=None, bf16: bool = False) -> torch.Tensor:
+           lib=None, bf16: bool = False, int8: bool = False) -> torch.Tensor:
     """F.linear(x, dequantize(qw), bias) for float32 x [..., in]; through the C kernel
-    (`lib`, default the one built here) where there is one. `bf16`: blocks_matmul's."""
+    (`lib`, default the one built here) where there is one. `bf16`, `int8`: blocks_matmul's."""
     out, k = qw.shape
     if x.dtype != torch.float32:
         raise TypeError(f"a quantized linear layer takes float32 input, not {x.dtype}")
     if x.shape[-1] != k:
         raise ValueError(f"input of {x.shape[-1]} features for a weight of {k}")
-    return blocks_matmul(x, qw.data, qw.qtype.ggml_id, bias, lib, bf16)
+    return blocks_matmul(x, qw.data, qw.qtype.ggml_id, bias, lib, bf16, int8)
+
+
+def kernel_code(ggml_id: int, int8: bool) -> int:
+    """What tl_quant_matmul (and the graph's tl::quant_linear) takes for a type: its ggml
+    number, plus INT8_ACTIVATIONS for the int8 path (quant_int8.h)."""
+    return ggml_id | INT8_ACTIVATIONS if int8 else ggml_id
 
 
 def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
-                  bias: torch.Tensor | None = None, lib=None, bf16: bool = False) -> torch.Tensor:
+                  bias: torch.Tensor | None = None, lib=None, bf16: bool = False,
+                  int8: bool = False) -> torch.Tensor:
     """matmul on a weight's bare blocks (`data` [out, in / block * block_bytes] uint8, type
     `ggml_id`): the kernel of the decode graph's op tl::quant_linear (worker/graph.py).
     `bf16`: x and the weights rounded to bfloat16 and multiplied so (`--prefill-bf16`:
-    quant_bf16.h), where the kernel has that path (has_bf16), else a ValueError."""
+    quant_bf16.h), where the kernel has that path (has_bf16), else a ValueError. `int8`: x
+    rounded to int8 and multiplied in integers (`--int8-activations`: quant_int8.h), for the
+    types that path has (INT8_TYPES; the others in float32); `ggml_id` may carry the flag
+    itself (kernel_code). bf16 takes the call where both are asked."""
+    int8 = int8 or bool(ggml_id & INT8_ACTIVATIONS)
+    ggml_id &= ~INT8_ACTIVATIONS
     out, k = data.shape[0], x.shape[-1]
     lib = lib or kernel()
     if lib is None:
-        if bf16:
-            raise ValueError("the quantized kernel's bfloat16 path is not built here")
+        if bf16 or int8:
+            raise ValueError("the quantized kernel's " + ("bfloat16" if bf16 else "int8")
+                             + " path is not built here")
         return F.linear(x, dequantize(QuantWeight(data, BY_ID[ggml_id], (out, k))), bias)
     # few torch calls: this runs for every layer of every step, from the decode graph too
     if not x.is_contiguous():
@@ -134,7 +156,7 @@ def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
         bias = bias.to(torch.float32).contiguous()
     if rows and out:
         fn = lib.tl_quant_matmul_bf16 if bf16 else lib.tl_quant_matmul
-        rc = fn(x.data_ptr(), data.data_ptr(), ggml_id,
+        rc = fn(x.data_ptr(), data.data_ptr(), kernel_code(ggml_id, int8 and not bf16),
                 None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k, out,
                 torch.get_num_threads())
         if rc != 0:   # y was not written: refuse, as the C++ kernel does (csrc/torch_ops.cpp)

@@ -35,7 +35,7 @@ class FusedQuant(packed.Columns):
         bias = None if first.bias is None else torch.cat([m.bias.detach() for m in mods])
         self.layer = QuantLinear(QuantWeight(blocks, first.qweight.qtype,
                                              (blocks.shape[0], first.in_features)), bias)
-        self.layer.bf16_rows = first.bf16_rows
+        self.layer.bf16_rows, self.layer.int8 = first.bf16_rows, first.int8
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer(x)

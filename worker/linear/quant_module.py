@@ -9,15 +9,17 @@ import torch
 from torch import nn
 
 from worker.linear.quant import (BLOCK, BY_ID, QuantType, QuantWeight, blocks_matmul, dequantize,
-                                 matmul)
+                                 kernel_code, matmul)
 from worker.linear.quantize import quantize
 
 
 class QuantLinear(nn.Module):
     """y = x W^T + b with W in quantized blocks; float32 in and out. An eager call of at
-    least `bf16_rows` rows (0: none) multiplies in bfloat16 (`--prefill-bf16`, quant_bf16.h)."""
+    least `bf16_rows` rows (0: none) multiplies in bfloat16 (`--prefill-bf16`, quant_bf16.h);
+    with `int8`, the other calls round x to int8 (`--int8-activations`, quant_int8.h)."""
 
     bf16_rows = 0
+    int8 = False
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
         super().__init__()
@@ -33,9 +35,9 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_tracing():   # recorded as one op: worker/graph.py
             return torch.ops.tl.quant_linear(x, self.blocks, self.bias,
-                                             self.qweight.qtype.ggml_id)
+                                             kernel_code(self.qweight.qtype.ggml_id, self.int8))
         wide = self.bf16_rows and x.numel() >= self.bf16_rows * self.in_features
-        return matmul(x, self.qweight, self.bias, bf16=bool(wide))
+        return matmul(x, self.qweight, self.bias, bf16=bool(wide), int8=self.int8)
 
     def dense(self) -> torch.Tensor:
         """The float32 weight it multiplies by (for references and tests)."""
@@ -78,7 +80,8 @@ def quant_embedding(ids: torch.Tensor, blocks: torch.Tensor, ggml_id: int,
 
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None,
                  ggml_id: int) -> torch.Tensor:
-    """tl::quant_linear's kernel (worker/graph.py)."""
+    """tl::quant_linear's kernel (worker/graph.py); `ggml_id` may carry the int8 flag
+    (kernel_code)."""
     return blocks_matmul(x, blocks, ggml_id, bias)
 
 

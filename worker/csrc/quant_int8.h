@@ -1,0 +1,283 @@
+/* quant_gemm.c's int8 path (`--int8-activations`, docs/design/cpu-paths.md "Activations in
+ * int8"): the integer dot products llama.cpp takes, for the block types it serves here (Q4_K,
+ * Q6_K, Q4_0); a call on another type takes the float32 path. Built where the CPU has AVX2
+ * (the same code, so the same bits, on AVX-512); HAS_INT8 says whether it was.
+ *
+ * Each row of x is rounded to int8 per 256 values (k / 256 groups, GGUF's Q8_K): dx = amax /
+ * 127, q = nearest-even(x * (127 / amax)) (dx = 0 and q = 0 where amax is 0), and the sums of
+ * its sixteen 16-value groups kept beside it. A weight's quants (unsigned: Q4_K and Q4_0's
+ * nibbles, Q6_K's six bits) multiply the int8 row with vpmaddubsw (32 products an instruction
+ * into 16-bit pairs, which cannot overflow: 2 x 63 x 127 < 32767), and the sub-block scales
+ * with vpmaddwd, into 32-bit sums that are exact. Per super-block (256 weights) s of an
+ * output, in integers:
+ *     Q4_K  A = sum_j sc_j sum_l q_jl x_jl   M = sum_j mn_j bsum_j      v = d A - dmin M
+ *     Q6_K  A = sum_g sc_g (sum_l q_gl x_gl - 32 bsum_g)                 v = d A
+ *     Q4_0  A_b = sum_l q_bl x_bl (per 32-weight block b)   v = sum_b d_b A_b - 8 sum_b d_b bsum_b
+ * held as eight 32-bit lanes, converted exactly (|lane| < 2^24) and added to eight float32
+ * lanes: acc = fma(float(A), d dx_s, acc), then acc = fnma(float(M), dmin dx_s, acc) (Q4_0:
+ * t_e = fma(float(A_b), d_b, t_e) for the even blocks in order from 0, t_o alike for the odd,
+ * t = t_e + t_o, lane b of t less 8 d_b bsum_b, then acc = fma(t, dx_s, acc)), super-blocks
+ * in order. The output is
+ * the eight lanes halved (h4 = a[l] + a[l + 4], h2, h1, as lanes_sum), plus the bias. So a
+ * row's bits depend on nothing but its own x and the weights: not on the call's rows, its
+ * tiles or threads (batch invariance holds within the mode). The values are not the float32
+ * path's: x is rounded to 8 bits. */
+#if defined(__AVX2__)
+#define INT8_ACTIVATIONS 0x100               /* tl_quant_matmul's type | this: the int8 path */
+/* Weight rows a tile takes: 4 for a one-row call (more rows read from memory at once:
+ * 1.02-1.11x against 2 on Zen 3 (AVX2), 1B shapes), 2 for more rows (R x 2 sums in registers) */
+#define IC 4
+#define ONE_ROW_COLS 4
+#define MANY_ROWS_COLS 2
+/* How far ahead, in tiles, a tile prefetches its weight rows (into L2, as quant_gemm.c; 1, 2
+ * and 4 measured alike at one row) */
+#define PF_TILES_I8 2
+#define QS 256                               /* values per group of x's int8 rounding */
+
+typedef struct {                             /* x's rows rounded to int8 */
+    int8_t *q;                               /* [m][k] */
+    float *d;                                /* [m][k / 256] */
+    int16_t *sums;                           /* [m][k / 256][16]: 16-value groups' sums */
+} int8_rows;
+
+static inline __attribute__((always_inline)) float hmax8(__m256 v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+/* x's row r, group g (256 floats) -> q, d, sums (see the head) */
+static void round_group(const float *x, int8_t *q, float *d, int16_t *sums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < QS; j += 8)
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    const float top = hmax8(amax);
+    *d = top / 127.0f;
+    const __m256 inv = _mm256_set1_ps(top != 0.0f ? 127.0f / top : 0.0f);
+    for (int j = 0; j < QS; j += 32) {
+        __m256i v[4];
+        for (int t = 0; t < 4; t++)          /* nearest, ties to even (MXCSR's default) */
+            v[t] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * t), inv));
+        __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                       _mm256_packs_epi32(v[2], v[3]));
+        /* the packs interleave 128-bit lanes: dwords 0 4 1 5 2 6 3 7 back in order */
+        w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + j), w);
+        /* the two 16-value sums: bytes times 1 in 16-bit pairs, pairs of those, then the
+         * four dwords of each 128-bit lane (one group each) */
+        __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), w),
+                                        _mm256_set1_epi16(1));
+        __m128i h = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+        h = _mm_hadd_epi32(h, h);
+        sums[j / 16] = (int16_t)_mm_extract_epi32(h, 0);
+        sums[j / 16 + 1] = (int16_t)_mm_extract_epi32(h, 1);
+    }
+}
+
+#define INLINE8 static inline __attribute__((always_inline))
+
+INLINE8 __m256i nibbles_lo(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+INLINE8 __m256i nibbles_hi(__m256i v) {
+    return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+}
+/* [a x 8 | b x 8] words where `v` holds 8 words in each 128-bit lane: word a' of the low
+ * lane and b' of the high one, a' = a % 8, b' = b % 8 (pshufb's bytes 2a', 2a' + 1, ...) */
+INLINE8 __m256i words_of(__m256i v, int a, int b) {
+    a %= 8, b %= 8;
+    const __m256i pick = _mm256_setr_epi8(
+        2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1,
+        2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1,
+        2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1,
+        2 * b, 2 * b + 1);
+    return _mm256_shuffle_epi8(v, pick);
+}
+
+/* The R rows' group s of x as the block functions read it: rows' quants, d and sums */
+typedef struct { const int8_t *q[4]; float d[4]; const int16_t *sums[4]; } int8_group;
+
+/* a[r] += run j's 32 quants w (unsigned bytes) times row r's 32 values, times the words sc */
+INLINE8 void run_dot(int R, __m256i w, __m256i sc, const int8_group *g, int j, __m256i a[4]) {
+    for (int r = 0; r < R; r++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(g->q[r] + 32 * j));
+        a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc));
+    }
+}
+
+/* acc[r] += one Q4_K super-block times row r's group: v = d A - dmin M (the head) */
+INLINE8 void q4k_group(int R, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
+    uint8_t sc[8], mn[8];
+    k_scales_mins(blk + 4, sc, mn);
+    const __m256i s = _mm256_broadcastsi128_si256(
+        _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+    __m256i a[4];
+    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {            /* runs 2p, 2p + 1: a byte's low, high nibble */
+        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * p));
+        run_dot(R, nibbles_lo(v), words_of(s, 2 * p, 2 * p), g, 2 * p, a);
+        run_dot(R, nibbles_hi(v), words_of(s, 2 * p + 1, 2 * p + 1), g, 2 * p + 1, a);
+    }
+    /* group h of x (16 values) meets run h / 2's min */
+    const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m256i mins = _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), twice));
+    const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+    for (int r = 0; r < R; r++) {
+        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)g->sums[r]), mins);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(d * g->d[r]), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * g->d[r]), acc[r]);
+    }
+}
+
+/* acc[r] += one Q6_K super-block times row r's group: v = d (A - 32 M), in integers */
+INLINE8 void q6k_group(int R, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
+    /* run j's first 16 weights (the low lane's 8 products) have scale 2j, the rest 2j + 1 */
+    const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    __m256i a[4];
+    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {            /* quant_blocks.h's layout, unsigned 0..63 */
+        const __m256i sh = h ? _mm256_permute2x128_si256(s, s, 0x11)
+                             : _mm256_permute2x128_si256(s, s, 0x00);
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+        __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        __m256i w[4] = {
+            _mm256_or_si256(nibbles_lo(l0), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+            _mm256_or_si256(nibbles_lo(l1), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+            _mm256_or_si256(nibbles_hi(l0), _mm256_and_si256(qh, m30)),
+            _mm256_or_si256(nibbles_hi(l1), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
+        for (int t = 0; t < 4; t++)
+            run_dot(R, w[t], words_of(sh, 2 * t, 2 * t + 1), g, 4 * h + t, a);
+    }
+    const float d = half_to_float(blk + 208);
+    for (int r = 0; r < R; r++) {
+        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)g->sums[r]), s);
+        a[r] = _mm256_sub_epi32(a[r], _mm256_slli_epi32(m, 5));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(d * g->d[r]), acc[r]);
+    }
+}
+
+/* acc[r] += eight Q4_0 blocks (one group of x) times row r's group: t = sum_b d_b A_b (a
+ * float product a block, in two chains), less 8 d_b bsum_b in lane b, then acc += t dx */
+INLINE8 void q40_group(int R, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
+    __m256i w[8];
+    for (int b = 0; b < 8; b++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(blk + 18 * b + 2));
+        w[b] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+    }
+    uint16_t h[8];
+    for (int b = 0; b < 8; b++) memcpy(h + b, blk + 18 * b, 2);
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    for (int r = 0; r < R; r++) {
+        __m256 t2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};   /* two chains */
+        for (int b = 0; b < 8; b++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(g->q[r] + 32 * b));
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w[b], x), _mm256_set1_epi16(1));
+            t2[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                        _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(b)),
+                                        t2[b & 1]);
+        }
+        __m256 t = _mm256_add_ps(t2[0], t2[1]);
+        __m256i g16 = _mm256_loadu_si256((const __m256i *)g->sums[r]);
+        const __m256 bsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(g16, _mm256_set1_epi16(1)));
+        t = _mm256_fnmadd_ps(_mm256_mul_ps(d8, _mm256_set1_ps(8.0f)), bsum, t);
+        acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(g->d[r]), acc[r]);
+    }
+}
+
+INLINE8 float int8_sum(__m256 a) {
+    __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
+
+/* Bytes of w a group of x meets: a super-block, or Q4_0's eight blocks */
+static inline int group_bytes(int type) { return type == Q4_0 ? 8 * 18 : block_bytes(type); }
+
+/* Rows r0 .. r0 + R - 1 (R <= 4) of x by C weight rows at w -> y. R, C and the type are
+ * constants where it is inlined: the R x C sums stay in registers. */
+INLINE8 void int8_tile(int type, int R, int C, const int8_rows *x, int64_t r0, int64_t k,
+                       const uint8_t *w, int64_t ldw, const float *b, float *y, int64_t ldy) {
+    const int64_t groups = k / QS, gb = group_bytes(type);
+    __m256 acc[IC][4];
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) acc[c][r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < groups; s++) {
+        int8_group g;
+        for (int r = 0; r < R; r++) {
+            g.q[r] = x->q + (r0 + r) * k + s * QS;
+            g.d[r] = x->d[(r0 + r) * groups + s];
+            g.sums[r] = x->sums + ((r0 + r) * groups + s) * 16;
+        }
+        for (int c = 0; c < C; c++) {
+            const uint8_t *blk = w + c * ldw + s * gb;
+            for (int line = 0; line < gb; line += 64)   
+                __builtin_prefetch(blk + PF_TILES_I8 * C * ldw + line, 0, 2);
+            if (type == Q4_K) q4k_group(R, blk, &g, acc[c]);
+            else if (type == Q6_K) q6k_group(R, blk, &g, acc[c]);
+            else q40_group(R, blk, &g, acc[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            y[r * ldy + c] = int8_sum(acc[c][r]) + (b ? b[c] : 0.0f);
+}
+
+typedef void (*int8_tile_fn)(const int8_rows *, int64_t, int64_t, const uint8_t *, int64_t,
+                             const float *, float *, int64_t);
+#define I8TILE(T, R, C)                                                                    \
+    static void i8tile_##T##_##R##_##C(const int8_rows *x, int64_t r0, int64_t k,          \
+                                       const uint8_t *w, int64_t ldw, const float *b,      \
+                                       float *y, int64_t ldy) {                            \
+        int8_tile(T, R, C, x, r0, k, w, ldw, b, y, ldy);                                   \
+    }
+#define I8ROWS(T, C) I8TILE(T, 1, C) I8TILE(T, 2, C) I8TILE(T, 3, C) I8TILE(T, 4, C)
+#define I8FNS(T, C) {i8tile_##T##_1_##C, i8tile_##T##_2_##C, i8tile_##T##_3_##C, i8tile_##T##_4_##C}
+#define I8TILES(T) I8ROWS(T, 1) I8ROWS(T, 2) I8ROWS(T, 3) I8ROWS(T, 4)                      \
+    static const int8_tile_fn I8TILES_##T[4][4] = {I8FNS(T, 1), I8FNS(T, 2), I8FNS(T, 3),  \
+                                                   I8FNS(T, 4)};
+I8TILES(Q4_K) I8TILES(Q6_K) I8TILES(Q4_0)
+
+static inline int has_int8_type(int type) { return type == Q4_K || type == Q6_K || type == Q4_0; }
+
+/* y = x W^T + b with x rounded to int8 (the head): 0, or -1 where this path cannot take the
+ * call (another type, k not whole groups of 256, no memory) and the caller's float32 path
+ * must. */
+static int int8_matmul(const float *x, const uint8_t *w, int type, const float *b, float *y,
+                       int64_t m, int64_t k, int64_t n, int threads) {
+    if (!has_int8_type(type) || k % QS) return -1;
+    const int64_t groups = k / QS, ldw = groups * group_bytes(type);
+    int8_rows xr = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * groups)),
+                    malloc(sizeof(int16_t) * 16 * (size_t)(m * groups))};
+    const int8_tile_fn (*table)[4] = type == Q4_K ? I8TILES_Q4_K
+                                     : type == Q6_K ? I8TILES_Q6_K : I8TILES_Q4_0;
+    const int64_t step = m == 1 ? ONE_ROW_COLS : MANY_ROWS_COLS;
+    int rc = -1;
+    if (xr.q && xr.d && xr.sums) {
+        #pragma omp parallel num_threads(threads)
+        {
+            #pragma omp for schedule(static)     /* x rounded once (the loop's end waits) */
+            for (int64_t g = 0; g < m * groups; g++)
+                round_group(x + g * QS, xr.q + g * QS, xr.d + g, xr.sums + g * 16);
+            #pragma omp for schedule(static)
+            for (int64_t n0 = 0; n0 < n; n0 += step) {
+                const int cols = n - n0 < step ? (int)(n - n0) : (int)step;
+                for (int64_t r0 = 0; r0 < m; r0 += 4) {
+                    const int R = m - r0 < 4 ? (int)(m - r0) : 4;
+                    table[cols - 1][R - 1](&xr, r0, k, w + n0 * ldw, ldw, b ? b + n0 : 0,
+                                           y + r0 * n + n0, n);
+                }
+            }
+        }
+        rc = 0;
+    }
+    free(xr.q), free(xr.d), free(xr.sums);
+    return rc;
+}
+#define HAS_INT8 1
+#else
+#define HAS_INT8 0
+#endif
+
+int tl_quant_has_int8(void) { return HAS_INT8; }
