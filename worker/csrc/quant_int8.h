@@ -24,11 +24,10 @@
  * path's: x is rounded to 8 bits. */
 #if defined(__AVX2__)
 #define INT8_ACTIVATIONS 0x100               /* tl_quant_matmul's type | this: the int8 path */
-/* Weight rows a tile takes: 4 for a one-row call (more rows read from memory at once:
- * 1.02-1.11x against 2 on Zen 3 (AVX2), 1B shapes), 2 for more rows (R x 2 sums in registers) */
+/* Weight rows a tile takes (1B shapes, Zen 3 with AVX2 only, against 2: 1.02-1.11x at one
+ * row, where more rows are read from memory at once; even at 8 rows, 1.08-1.11x at 64 although
+ * its 4 x 4 sums no longer fit AVX2's 16 registers) */
 #define IC 4
-#define ONE_ROW_COLS 4
-#define MANY_ROWS_COLS 2
 /* How far ahead, in tiles, a tile prefetches its weight rows (into L2, as quant_gemm.c; 1, 2
  * and 4 measured alike at one row) */
 #define PF_TILES_I8 2
@@ -252,7 +251,6 @@ static int int8_matmul(const float *x, const uint8_t *w, int type, const float *
                     malloc(sizeof(int16_t) * 16 * (size_t)(m * groups))};
     const int8_tile_fn (*table)[4] = type == Q4_K ? I8TILES_Q4_K
                                      : type == Q6_K ? I8TILES_Q6_K : I8TILES_Q4_0;
-    const int64_t step = m == 1 ? ONE_ROW_COLS : MANY_ROWS_COLS;
     int rc = -1;
     if (xr.q && xr.d && xr.sums) {
         #pragma omp parallel num_threads(threads)
@@ -261,8 +259,8 @@ static int int8_matmul(const float *x, const uint8_t *w, int type, const float *
             for (int64_t g = 0; g < m * groups; g++)
                 round_group(x + g * QS, xr.q + g * QS, xr.d + g, xr.sums + g * 16);
             #pragma omp for schedule(static)
-            for (int64_t n0 = 0; n0 < n; n0 += step) {
-                const int cols = n - n0 < step ? (int)(n - n0) : (int)step;
+            for (int64_t n0 = 0; n0 < n; n0 += IC) {
+                const int cols = n - n0 < IC ? (int)(n - n0) : IC;
                 for (int64_t r0 = 0; r0 < m; r0 += 4) {
                     const int R = m - r0 < 4 ? (int)(m - r0) : 4;
                     table[cols - 1][R - 1](&xr, r0, k, w + n0 * ldw, ldw, b ? b + n0 : 0,
