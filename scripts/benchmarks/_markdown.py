@@ -29,10 +29,10 @@ def markdown(header: tuple, rows: list[tuple]) -> str:
 
 
 # the engine's serve flags a compare JSON names beyond those every run passes
-SERVE_FLAGS_SHOWN = ("--prefill-bf16",)
+SERVE_FLAGS_SHOWN = ("--prefill-bf16", "--int8-activations")
 
 
 def engine_flags(doc: dict) -> str:
-    """` --prefill-bf16` where the engine ran with it (compare's serve_args), else ""."""
+    """` --prefill-bf16` (or another flag shown) where the engine ran with it (compare's serve_args), else ""."""
     args = get(doc, "engine", "serve_args") or []
     return "".join(f" `{a}`" for a in args if a in SERVE_FLAGS_SHOWN)
