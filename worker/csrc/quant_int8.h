@@ -17,16 +17,15 @@
  * lanes: acc = fma(float(A), d dx_s, acc), then acc = fnma(float(M), dmin dx_s, acc) (Q4_0:
  * t_e = fma(float(A_b), d_b, t_e) for the even blocks in order from 0, t_o alike for the odd,
  * t = t_e + t_o, lane b of t less 8 d_b bsum_b, then acc = fma(t, dx_s, acc)), super-blocks
- * in order. The output is
- * the eight lanes halved (h4 = a[l] + a[l + 4], h2, h1, as lanes_sum), plus the bias. So a
- * row's bits depend on nothing but its own x and the weights: not on the call's rows, its
- * tiles or threads (batch invariance holds within the mode). The values are not the float32
- * path's: x is rounded to 8 bits. */
+ * in order. The output is the eight lanes halved (h4 = a[l] + a[l + 4], h2, h1, as lanes_sum),
+ * plus the bias. So a row's bits depend on nothing but its own x and the weights: not on the
+ * call's rows, its tiles or threads (batch invariance holds within the mode). The values are
+ * not the float32 path's: x is rounded to 8 bits. */
 #if defined(__AVX2__)
 #define INT8_ACTIVATIONS 0x100               /* tl_quant_matmul's type | this: the int8 path */
 /* Weight rows a tile takes (1B shapes, Zen 3 with AVX2 only, against 2: 1.02-1.11x at one
- * row, where more rows are read from memory at once; even at 8 rows, 1.08-1.11x at 64 although
- * its 4 x 4 sums no longer fit AVX2's 16 registers) */
+ * row, where more rows are read from memory at once; even at 8 rows; 1.08-1.11x at 64,
+ * although a 4 x 4 tile's sums no longer fit AVX2's 16 registers) */
 #define IC 4
 /* How far ahead, in tiles, a tile prefetches its weight rows (into L2, as quant_gemm.c; 1, 2
  * and 4 measured alike at one row) */
@@ -211,7 +210,7 @@ INLINE8 void int8_tile(int type, int R, int C, const int8_rows *x, int64_t r0, i
         }
         for (int c = 0; c < C; c++) {
             const uint8_t *blk = w + c * ldw + s * gb;
-            for (int line = 0; line < gb; line += 64)   
+            for (int line = 0; line < gb; line += 64)
                 __builtin_prefetch(blk + PF_TILES_I8 * C * ldw + line, 0, 2);
             if (type == Q4_K) q4k_group(R, blk, &g, acc[c]);
             else if (type == Q6_K) q6k_group(R, blk, &g, acc[c]);
