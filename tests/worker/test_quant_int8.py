@@ -87,19 +87,26 @@ def test_a_damaged_scale_or_min_fails_the_bound(qtype, at):
     assert not within_int8_bound(quant.matmul(x, broken, int8=True), x, qw, w, None)
 
 
+def same_bits_in_any_batch(call, x: torch.Tensor, sizes: tuple[int, ...]) -> None:
+    """call(rows) gives each row the bits it gets in the whole of x: for the last m rows of x
+    (m in sizes), and on one thread."""
+    full = call(x)
+    for m in sizes:
+        assert torch.equal(call(x[-m:]), full[-m:]), m
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(call(x), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("qtype", INT8, ids=lambda t: t.name)
 def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(qtype):
     k = 512
     qw, x, b = weight(qtype, 41, k), torch.randn(40, k), torch.randn(41)
-    full = quant.matmul(x, qw, b, int8=True)
-    for m in (1, 2, 3, 5, 16, 17, 39):
-        assert torch.equal(quant.matmul(x[-m:], qw, b, int8=True), full[-m:]), m
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(quant.matmul(x, qw, b, int8=True), full)
-    finally:
-        torch.set_num_threads(threads)
+    same_bits_in_any_batch(lambda rows: quant.matmul(rows, qw, b, int8=True), x,
+                           (1, 2, 3, 5, 16, 17, 39))
 
 
 def test_the_flag_in_the_type_is_the_same_call():

@@ -113,13 +113,14 @@ def has_int8(lib=None) -> bool:
 def matmul(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
            lib=None, bf16: bool = False, int8: bool = False) -> torch.Tensor:
     """F.linear(x, dequantize(qw), bias) for float32 x [..., in]; through the C kernel
-    (`lib`, default the one built here) where there is one. `bf16`, `int8`: blocks_matmul's."""
+    (`lib`, default the one built here) where there is one. `bf16`: blocks_matmul's; `int8`:
+    its type with the int8 flag (kernel_code)."""
     out, k = qw.shape
     if x.dtype != torch.float32:
         raise TypeError(f"a quantized linear layer takes float32 input, not {x.dtype}")
     if x.shape[-1] != k:
         raise ValueError(f"input of {x.shape[-1]} features for a weight of {k}")
-    return blocks_matmul(x, qw.data, qw.qtype.ggml_id, bias, lib, bf16, int8)
+    return blocks_matmul(x, qw.data, kernel_code(qw.qtype.ggml_id, int8), bias, lib, bf16)
 
 
 def kernel_code(ggml_id: int, int8: bool) -> int:
@@ -129,16 +130,15 @@ def kernel_code(ggml_id: int, int8: bool) -> int:
 
 
 def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
-                  bias: torch.Tensor | None = None, lib=None, bf16: bool = False,
-                  int8: bool = False) -> torch.Tensor:
+                  bias: torch.Tensor | None = None, lib=None, bf16: bool = False) -> torch.Tensor:
     """matmul on a weight's bare blocks (`data` [out, in / block * block_bytes] uint8, type
     `ggml_id`): the kernel of the decode graph's op tl::quant_linear (worker/graph.py).
     `bf16`: x and the weights rounded to bfloat16 and multiplied so (`--prefill-bf16`:
-    quant_bf16.h), where the kernel has that path (has_bf16), else a ValueError. `int8`: x
-    rounded to int8 and multiplied in integers (`--int8-activations`: quant_int8.h), for the
-    types that path has (INT8_TYPES; the others in float32); `ggml_id` may carry the flag
-    itself (kernel_code). bf16 takes the call where both are asked."""
-    int8 = int8 or bool(ggml_id & INT8_ACTIVATIONS)
+    quant_bf16.h), where the kernel has that path (has_bf16), else a ValueError. `ggml_id`
+    with the INT8_ACTIVATIONS flag (kernel_code): x rounded to int8 and multiplied in integers
+    (`--int8-activations`: quant_int8.h), for the types that path has (INT8_TYPES; the others
+    in float32). bf16 takes the call where both are asked."""
+    int8 = bool(ggml_id & INT8_ACTIVATIONS)
     ggml_id &= ~INT8_ACTIVATIONS
     out, k = data.shape[0], x.shape[-1]
     lib = lib or kernel()
