@@ -153,13 +153,16 @@ def int8_activations(model) -> dict:
     """Every quantized layer of `model` rounds its input to int8 (docs/design/cpu-paths.md,
     "Activations in int8"); what the step log records of it: the types it takes (a layer of
     another type, or of rows not whole groups, multiplies in float32). ValueError for a
-    model with no quantized layer."""
+    model with no quantized layer, or none the path takes."""
     from worker.linear.quant import INT8_TYPES
     layers = quant_layers(model, "--int8-activations")
     for layer in layers:
         layer.int8 = True
     types = {m.qweight.qtype.name for m in layers
              if m.qweight.qtype.name in INT8_TYPES and m.in_features % INT8_GROUP == 0}
+    if not types:   # the flag would change nothing: say so rather than run as if it had
+        raise ValueError(f"--int8-activations: no quantized layer here is one it multiplies "
+                         f"({', '.join(INT8_TYPES)} with rows of a multiple of {INT8_GROUP})")
     return {"dtype": "int8", "group": INT8_GROUP, "types": sorted(types)}
 
 

@@ -187,6 +187,7 @@ def test_replay_refuses_a_mode_this_worker_runs_otherwise(logged, why):
 @pytest.mark.parametrize("model,kwargs,why", [
     ("tiny", dict(), "these are float"),
     ("null", dict(), "null model"),
+    ("tiny", dict(quantize="q4_0"), "no quantized layer here is one it multiplies"),
 ])
 def test_what_it_refuses(model, kwargs, why):
     with pytest.raises(ValueError, match=why):
