@@ -163,27 +163,31 @@ INLINE8 void q6k_group(int R, const uint8_t *blk, const int8_group *g, __m256 ac
 /* acc[r] += eight Q4_0 blocks (one group of x) times row r's group: t = sum_b d_b A_b (a
  * float product a block, in two chains), less 8 d_b bsum_b in lane b, then acc += t dx */
 INLINE8 void q40_group(int R, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
-    __m256i w[8];
-    for (int b = 0; b < 8; b++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(blk + 18 * b + 2));
-        w[b] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
-    }
     uint16_t h[8];
     for (int b = 0; b < 8; b++) memcpy(h + b, blk + 18 * b, 2);
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-    for (int r = 0; r < R; r++) {
-        __m256 t2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};   /* two chains */
-        for (int b = 0; b < 8; b++) {
+    /* block by block, each row's chain in turn: a block's quants and d unpacked once and the
+     * 2R chains kept in registers (all eight blocks unpacked first spilled to the stack) */
+    __m256 t2[4][2];
+    for (int r = 0; r < R; r++) t2[r][0] = t2[r][1] = _mm256_setzero_ps();
+    #pragma GCC unroll 8                     /* so each chain is a register, not t2[r][b & 1] */
+    for (int b = 0; b < 8; b++) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 18 * b + 2));
+        const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v),
+                                           _mm256_set1_epi8(15));
+        const __m256 db = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(b));
+        for (int r = 0; r < R; r++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(g->q[r] + 32 * b));
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w[b], x), _mm256_set1_epi16(1));
-            t2[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-                                        _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(b)),
-                                        t2[b & 1]);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+            t2[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), db, t2[r][b & 1]);
         }
-        __m256 t = _mm256_add_ps(t2[0], t2[1]);
+    }
+    const __m256 d8x8 = _mm256_mul_ps(d8, _mm256_set1_ps(8.0f));
+    for (int r = 0; r < R; r++) {
+        __m256 t = _mm256_add_ps(t2[r][0], t2[r][1]);
         __m256i g16 = _mm256_loadu_si256((const __m256i *)g->sums[r]);
         const __m256 bsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(g16, _mm256_set1_epi16(1)));
-        t = _mm256_fnmadd_ps(_mm256_mul_ps(d8, _mm256_set1_ps(8.0f)), bsum, t);
+        t = _mm256_fnmadd_ps(d8x8, bsum, t);
         acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(g->d[r]), acc[r]);
     }
 }
