@@ -102,8 +102,8 @@ def same_bits_in_any_batch(call, x: torch.Tensor, sizes: tuple[int, ...]) -> Non
 
 
 @pytest.mark.parametrize("qtype", INT8, ids=lambda t: t.name)
-def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(qtype):
-    k = 512
+@pytest.mark.parametrize("k", [512, 16384])   # 16384: the kernel takes x 8 rows a block
+def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(qtype, k):
     qw, x, b = weight(qtype, 41, k), torch.randn(40, k), torch.randn(41)
     same_bits_in_any_batch(lambda rows: quant.matmul(rows, qw, b, int8=True), x,
                            (1, 2, 3, 5, 16, 17, 39))
