@@ -156,13 +156,13 @@ def int8_activations(model) -> dict:
     model with no quantized layer, or none the path takes."""
     from worker.linear.quant import INT8_TYPES
     layers = quant_layers(model, "--int8-activations")
-    for layer in layers:
-        layer.int8 = True
     types = {m.qweight.qtype.name for m in layers
              if m.qweight.qtype.name in INT8_TYPES and m.in_features % INT8_GROUP == 0}
     if not types:   # the flag would change nothing: say so rather than run as if it had
         raise ValueError(f"--int8-activations: no quantized layer here is one it multiplies "
                          f"({', '.join(INT8_TYPES)} with rows of a multiple of {INT8_GROUP})")
+    for layer in layers:   # only once it is known to apply: a refused model is left as it was
+        layer.int8 = True
     return {"dtype": "int8", "group": INT8_GROUP, "types": sorted(types)}
 
 
