@@ -177,9 +177,12 @@ INLINE8 void q40_group(int R, const uint8_t *blk, const int8_group *g, __m256 ac
     for (int r = 0; r < R; r++) t2[r][0] = t2[r][1] = _mm256_setzero_ps();
     #pragma GCC unroll 8                     /* so each chain is a register, not t2[r][b & 1] */
     for (int b = 0; b < 8; b++) {
-        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 18 * b + 2));
-        const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v),
-                                           _mm256_set1_epi8(15));
+        /* the block's 16 bytes in both lanes, the high lane's shifted to its high nibbles:
+         * one shift where a shift and an insert were (1.12-1.15x at 1 and 8 rows, Zen 3) */
+        const __m256i v = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(blk + 18 * b + 2)));
+        const __m256i w = _mm256_and_si256(
+            _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
         const __m256 db = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(b));
         for (int r = 0; r < R; r++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(g->q[r] + 32 * b));
