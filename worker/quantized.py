@@ -24,9 +24,6 @@ QUANTIZE = ("q8_0", "q4_0")
 # bfloat16 (fewer rows read their weights from memory whatever the arithmetic: float32's
 # tiles are as fast there; docs/design/cpu-paths.md, "Prompts in bfloat16")
 PREFILL_BF16_ROWS = 16
-# --int8-activations: x is rounded to int8 in groups of this many values (worker/csrc/
-# quant_int8.h's QS)
-INT8_GROUP = 256
 FLOAT = frozenset({"F32", "F16", "BF16"})
 
 
@@ -154,16 +151,19 @@ def int8_activations(model) -> dict:
     "Activations in int8"); what the step log records of it: the types it takes (a layer of
     another type, or of rows not whole groups, multiplies in float32). ValueError for a
     model with no quantized layer, or none the path takes."""
-    from worker.linear.quant import INT8_TYPES
+    from worker.linear import quant
     layers = quant_layers(model, "--int8-activations")
-    types = {m.qweight.qtype.name for m in layers
-             if m.qweight.qtype.name in INT8_TYPES and m.in_features % INT8_GROUP == 0}
-    if not types:   # the flag would change nothing: say so rather than run as if it had
+    # the kernel says which layers it takes: the group x is rounded in, 0 for the others
+    groups = {m.qweight.qtype.name: g for m in layers
+              if (g := quant.int8_group(m.qweight.qtype, m.in_features))}
+    if not groups:   # the flag would change nothing: say so rather than run as if it had
+        takes = quant.int8_types()
         raise ValueError(f"--int8-activations: no quantized layer here is one it multiplies "
-                         f"({', '.join(INT8_TYPES)} with rows of a multiple of {INT8_GROUP})")
+                         f"({', '.join(takes)} with rows of a multiple of "
+                         f"{max(takes.values(), default=0)})")
     for layer in layers:   # only once it is known to apply: a refused model is left as it was
         layer.int8 = True
-    return {"dtype": "int8", "group": INT8_GROUP, "types": sorted(types)}
+    return {"dtype": "int8", "group": max(groups.values()), "types": sorted(groups)}
 
 
 def settings(info: dict) -> dict:
@@ -178,9 +178,14 @@ def settings(info: dict) -> dict:
                              f"in bfloat16, this worker {PREFILL_BF16_ROWS}")
         wide["prefill_bf16"] = True
     if activations := quantization.get("activations"):
-        if activations.get("group") != INT8_GROUP:
-            raise ValueError(f"the log rounded activations to int8 in groups of "
-                             f"{activations.get('group')}, this worker {INT8_GROUP}")
+        from worker.linear import quant
+        logged, types = activations.get("group"), activations.get("types") or ()
+        here = {t: quant.int8_group(quant.TYPES[t]) if t in quant.TYPES else 0 for t in types}
+        if not here or any(g != logged for g in here.values()):
+            raise ValueError(f"the log rounded activations to int8 in groups of {logged} for "
+                             f"{', '.join(types) or 'no type'}, this worker "
+                             + (", ".join(f"{t} {g or 'not at all'}" for t, g in here.items())
+                                or "for no type"))
         wide["int8_activations"] = True
     if mode in QUANTIZE:
         return {"quantize": mode, **wide}

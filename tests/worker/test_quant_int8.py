@@ -121,6 +121,14 @@ def test_the_flag_in_the_type_is_the_same_call():
 def test_what_the_path_lacks_takes_the_float32_path(qtype, k):
     qw, x = weight(qtype, 19, k), torch.randn(3, k)
     assert torch.equal(quant.matmul(x, qw, int8=True), quant.matmul(x, qw))
+    assert quant.int8_group(qtype, k) == 0   # and the kernel says so, as the worker asks it
+
+
+def test_the_kernel_names_what_it_takes():
+    """The worker's list of the path's types and group is the kernel's own answer"""
+    assert quant.int8_types() == {t.name: 256 for t in INT8}
+    assert [quant.int8_group(t, 512) for t in INT8] == [256] * len(INT8)
+    assert quant.int8_types(quant.load(("-mno-avx",))) == {}   # no int8 path built
 
 
 def test_the_avx2_build_gives_the_native_builds_bits():
@@ -176,7 +184,10 @@ def test_the_log_records_it_and_replay_asks_for_it(runners):
 
 
 @pytest.mark.parametrize("logged,why", [
-    ({"activations": {"dtype": "int8", "group": 32}}, "groups of 32"),
+    ({"activations": {"dtype": "int8", "group": 32, "types": ["Q4_K"]}}, "groups of 32"),
+    ({"activations": {"dtype": "int8", "group": 256}}, "for no type"),
+    ({"activations": {"dtype": "int8", "group": 256, "types": ["Q4_K", "Q5_K"]}},
+     "Q5_K not at all"),
     ({"prefill": {"dtype": "bfloat16", "rows": 8}}, "8 rows or more"),
 ])
 def test_replay_refuses_a_mode_this_worker_runs_otherwise(logged, why):

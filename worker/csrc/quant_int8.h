@@ -300,3 +300,15 @@ static int int8_matmul(const float *x, const uint8_t *w, int type, const float *
 #endif
 
 int tl_quant_has_int8(void) { return HAS_INT8; }
+
+/* The values x is rounded in groups of where a layer of `type` with rows of k weights takes
+ * the int8 path, else 0 (another type, rows not whole groups, no int8 path built): what the
+ * worker asks to know which layers the flag changes, and what the step log records */
+int tl_quant_int8_group(int type, int64_t k) {
+#if HAS_INT8
+    return has_int8_type(type) && k % QS == 0 ? QS : 0;   /* k = 0: of the type alone */
+#else
+    (void)type, (void)k;
+    return 0;
+#endif
+}

@@ -23,7 +23,6 @@ SOURCE = Path(__file__).parent.parent / "csrc" / "quant_gemm.c"
 LIBS = ("-lm",)   # fmaf, where the CPU has no FMA instructions
 BLOCK = 32        # weights per block of the 32-weight types, the run every type's sum takes
 INT8_ACTIVATIONS = 0x100   # a kernel type's flag: the int8 path (quant_int8.h)
-INT8_TYPES = ("Q4_K", "Q6_K", "Q4_0")   # the types that path multiplies
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -87,6 +86,8 @@ def load(flags: tuple[str, ...] = ()):
         fn.restype = _INT
     lib.tl_quant_has_bf16.restype = _INT
     lib.tl_quant_has_int8.restype = _INT
+    lib.tl_quant_int8_group.argtypes = (_INT, _I64)
+    lib.tl_quant_int8_group.restype = _INT
     lib.tl_quant_isa.restype = ctypes.c_char_p
     return lib
 
@@ -108,6 +109,19 @@ def has_int8(lib=None) -> bool:
     """Whether the kernel has its int8 path (built where the CPU has AVX2: quant_int8.h)."""
     lib = lib or kernel()
     return lib is not None and bool(lib.tl_quant_has_int8())
+
+
+def int8_group(qtype: QuantType, k: int = 0, lib=None) -> int:
+    """The values x is rounded to int8 in groups of where the int8 path multiplies a layer of
+    `qtype` with rows of `k` weights (k = 0: of the type alone), else 0: the kernel's own
+    answer (quant_int8.h), so that no list here can drift from it."""
+    lib = lib or kernel()
+    return 0 if lib is None else int(lib.tl_quant_int8_group(qtype.ggml_id, k))
+
+
+def int8_types(lib=None) -> dict[str, int]:
+    """The types the int8 path multiplies, each with its group (int8_group)."""
+    return {t.name: g for t in TYPES.values() if (g := int8_group(t, 0, lib))}
 
 
 def matmul(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
@@ -136,7 +150,7 @@ def blocks_matmul(x: torch.Tensor, data: torch.Tensor, ggml_id: int,
     `bf16`: x and the weights rounded to bfloat16 and multiplied so (`--prefill-bf16`:
     quant_bf16.h), where the kernel has that path (has_bf16), else a ValueError. `ggml_id`
     with the INT8_ACTIVATIONS flag (kernel_code): x rounded to int8 and multiplied in integers
-    (`--int8-activations`: quant_int8.h), for the types that path has (INT8_TYPES; the others
+    (`--int8-activations`: quant_int8.h), for the types that path has (int8_types; the others
     in float32). bf16 takes the call where both are asked."""
     int8 = bool(ggml_id & INT8_ACTIVATIONS)
     ggml_id &= ~INT8_ACTIVATIONS
