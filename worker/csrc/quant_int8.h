@@ -1,16 +1,17 @@
 /* quant_gemm.c's int8 path (`--int8-activations`, docs/design/cpu-paths.md "Activations in
  * int8"): the integer dot products llama.cpp takes, for the block types it serves here (Q4_K,
- * Q6_K, Q4_0); a call on another type takes the float32 path. Built where the CPU has AVX2
+ * Q5_K, Q6_K, Q4_0); a call on another type takes the float32 path. Built where the CPU has AVX2
  * (the same code, so the same bits, on AVX-512); HAS_INT8 says whether it was.
  *
  * Each row of x is rounded to int8 per 256 values (k / 256 groups, GGUF's Q8_K): dx = amax /
  * 127, q = nearest-even(x * (127 / amax)) (dx = 0 and q = 0 where amax is 0), and the sums of
  * its sixteen 16-value groups kept beside it. A weight's quants (unsigned: Q4_K and Q4_0's
- * nibbles, Q6_K's six bits) multiply the int8 row with vpmaddubsw (32 products an instruction
+ * nibbles, Q5_K's five bits, Q6_K's six) multiply the int8 row with vpmaddubsw (32 products an instruction
  * into 16-bit pairs, which cannot overflow: 2 x 63 x 127 < 32767), and the sub-block scales
  * with vpmaddwd, into 32-bit sums that are exact. Per super-block (256 weights) s of an
  * output, in integers:
  *     Q4_K  A = sum_j sc_j sum_l q_jl x_jl   M = sum_j mn_j bsum_j      v = d A - dmin M
+ *     Q5_K  as Q4_K, q_jl its five bits
  *     Q6_K  A = sum_g sc_g (sum_l q_gl x_gl - 32 bsum_g)                 v = d A
  *     Q4_0  A_b = sum_l q_bl x_bl (per 32-weight block b)   v = sum_b d_b A_b - 8 sum_b d_b bsum_b
  * held as eight 32-bit lanes, converted exactly (|lane| < 2^24) and added to eight float32
@@ -111,18 +112,33 @@ INLINE8 void run_dot(int R, __m256i w, __m256i sc, const int8_group *g, int j, _
     }
 }
 
-/* acc[r] += one Q4_K super-block times row r's group: v = d A - dmin M (the head) */
-INLINE8 void q4k_group(int R, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
+/* Q5_K's fifth bit of run j's 32 quants (bit j of qh's byte l), as 16: one shift of qh's
+ * 16-bit words brings bit j of each byte to its bit 4 (the shift never crosses a byte there) */
+INLINE8 __m256i fifth_bit(__m256i qh, int j) {
+    const __m256i at4 = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+    return _mm256_and_si256(at4, _mm256_set1_epi8(16));
+}
+
+/* acc[r] += one Q4_K (q5 = 0) or Q5_K (q5 = 1: each quant plus 16 where its bit of qh is
+ * set, so 0..31) super-block times row r's group: v = d A - dmin M (the head) */
+INLINE8 void qk_group(int R, int q5, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
     uint8_t sc[8], mn[8];
     k_scales_mins(blk + 4, sc, mn);
     const __m256i s = _mm256_broadcastsi128_si256(
         _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
     __m256i a[4];
     for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {            /* runs 2p, 2p + 1: a byte's low, high nibble */
-        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * p));
-        run_dot(R, nibbles_lo(v), words_of(s, 2 * p, 2 * p), g, 2 * p, a);
-        run_dot(R, nibbles_hi(v), words_of(s, 2 * p + 1, 2 * p + 1), g, 2 * p + 1, a);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+        __m256i lo = nibbles_lo(v), hi = nibbles_hi(v);
+        if (q5) {
+            lo = _mm256_or_si256(lo, fifth_bit(qh, 2 * p));
+            hi = _mm256_or_si256(hi, fifth_bit(qh, 2 * p + 1));
+        }
+        run_dot(R, lo, words_of(s, 2 * p, 2 * p), g, 2 * p, a);
+        run_dot(R, hi, words_of(s, 2 * p + 1, 2 * p + 1), g, 2 * p + 1, a);
     }
     /* group h of x (16 values) meets run h / 2's min */
     const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -228,7 +244,7 @@ INLINE8 void int8_tile(int type, int R, int C, const int8_rows *x, int64_t r0, i
             const uint8_t *blk = w + c * ldw + s * gb;
             for (int line = 0; line < gb; line += 64)
                 __builtin_prefetch(blk + PF_TILES_I8 * C * ldw + line, 0, 2);
-            if (type == Q4_K) q4k_group(R, blk, &g, acc[c]);
+            if (type == Q4_K || type == Q5_K) qk_group(R, type == Q5_K, blk, &g, acc[c]);
             else if (type == Q6_K) q6k_group(R, blk, &g, acc[c]);
             else q40_group(R, blk, &g, acc[c]);
         }
@@ -251,9 +267,11 @@ typedef void (*int8_tile_fn)(const int8_rows *, int64_t, int64_t, const uint8_t 
 #define I8TILES(T) I8ROWS(T, 1) I8ROWS(T, 2) I8ROWS(T, 3) I8ROWS(T, 4)                      \
     static const int8_tile_fn I8TILES_##T[4][4] = {I8FNS(T, 1), I8FNS(T, 2), I8FNS(T, 3),  \
                                                    I8FNS(T, 4)};
-I8TILES(Q4_K) I8TILES(Q6_K) I8TILES(Q4_0)
+I8TILES(Q4_K) I8TILES(Q5_K) I8TILES(Q6_K) I8TILES(Q4_0)
 
-static inline int has_int8_type(int type) { return type == Q4_K || type == Q6_K || type == Q4_0; }
+static inline int has_int8_type(int type) {
+    return type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_0;
+}
 
 /* y = x W^T + b with x rounded to int8 (the head): 0, or -1 where this path cannot take the
  * call (another type, k not whole groups of 256, no memory) and the caller's float32 path
@@ -264,7 +282,7 @@ static int int8_matmul(const float *x, const uint8_t *w, int type, const float *
     const int64_t groups = k / QS, ldw = groups * group_bytes(type);
     int8_rows xr = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * groups)),
                     malloc(sizeof(int16_t) * 16 * (size_t)(m * groups))};
-    const int8_tile_fn (*table)[4] = type == Q4_K ? I8TILES_Q4_K
+    const int8_tile_fn (*table)[4] = type == Q4_K ? I8TILES_Q4_K : type == Q5_K ? I8TILES_Q5_K
                                      : type == Q6_K ? I8TILES_Q6_K : I8TILES_Q4_0;
     int rc = -1;
     if (xr.q && xr.d && xr.sums) {
