@@ -22,9 +22,10 @@ from worker.quantized import settings
 pytestmark = pytest.mark.skipif(not quant.has_int8(),
                                 reason="no AVX2 kernel: --int8-activations is refused")
 
-INT8 = [quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.Q4_0]
+INT8 = [quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.Q4_0, quant.Q8_0]
 QUANTS = {"Q4_K": [(16, 144)], "Q5_K": [(16, 176)], "Q6_K": [(0, 192)], "Q4_0": [(2 + 18 * b, 18 * b + 18)
-                                                          for b in range(8)]}
+                                                          for b in range(8)],
+          "Q8_0": [(2 + 34 * b, 34 * b + 34) for b in range(8)]}
 
 
 def rounded(x: torch.Tensor) -> torch.Tensor:
@@ -40,8 +41,8 @@ def rounded(x: torch.Tensor) -> torch.Tensor:
 
 def gross(qw: quant.QuantWeight) -> np.ndarray:
     """|w| plus the weight a zero quant has (the min or offset the kernel subtracts apart)."""
-    data = qw.data.numpy().copy().reshape(qw.shape[0], -1, 144 if qw.qtype is quant.Q4_0
-                                          else qw.qtype.block_bytes)
+    group = 8 if qw.qtype.block == 32 else 1   # Q4_0, Q8_0: eight blocks a group of x
+    data = qw.data.numpy().copy().reshape(qw.shape[0], -1, group * qw.qtype.block_bytes)
     for lo, hi in QUANTS[qw.qtype.name]:
         data[..., lo:hi] = 0
     zeroed = quant.QuantWeight(torch.from_numpy(data.reshape(qw.shape[0], -1)), qw.qtype, qw.shape)
@@ -74,9 +75,10 @@ def test_outputs_within_the_bound_of_the_rounded_product(qtype, m):
 
 @pytest.mark.parametrize("qtype,at", [(quant.Q4_K, 1), (quant.Q4_K, 3), (quant.Q4_K, 5),
                                       (quant.Q5_K, 1), (quant.Q5_K, 3), (quant.Q5_K, 5),
-                                      (quant.Q6_K, 209), (quant.Q6_K, 195), (quant.Q4_0, 1)],
+                                      (quant.Q6_K, 209), (quant.Q6_K, 195), (quant.Q4_0, 1),
+                                      (quant.Q8_0, 1)],
                          ids=["Q4_K-d", "Q4_K-dmin", "Q4_K-scale", "Q5_K-d", "Q5_K-dmin",
-                              "Q5_K-scale", "Q6_K-d", "Q6_K-scale", "Q4_0-d"])
+                              "Q5_K-scale", "Q6_K-d", "Q6_K-scale", "Q4_0-d", "Q8_0-d"])
 def test_a_damaged_scale_or_min_fails_the_bound(qtype, at):
     k = 512
     qw, x = weight(qtype, 23, k), torch.randn(5, k)
@@ -117,8 +119,8 @@ def test_the_flag_in_the_type_is_the_same_call():
                        quant.matmul(x, qw, int8=True))
 
 
-@pytest.mark.parametrize("qtype,k", [(quant.Q8_0, 512), (quant.Q5_0, 512), (quant.Q4_0, 160)],
-                         ids=["Q8_0", "Q5_0", "Q4_0-k160"])
+@pytest.mark.parametrize("qtype,k", [(quant.Q4_1, 512), (quant.Q5_0, 512), (quant.Q4_0, 160)],
+                         ids=["Q4_1", "Q5_0", "Q4_0-k160"])
 def test_what_the_path_lacks_takes_the_float32_path(qtype, k):
     qw, x = weight(qtype, 19, k), torch.randn(3, k)
     assert torch.equal(quant.matmul(x, qw, int8=True), quant.matmul(x, qw))
@@ -187,8 +189,8 @@ def test_the_log_records_it_and_replay_asks_for_it(runners):
 @pytest.mark.parametrize("logged,why", [
     ({"activations": {"dtype": "int8", "group": 32, "types": ["Q4_K"]}}, "groups of 32"),
     ({"activations": {"dtype": "int8", "group": 256}}, "for no type"),
-    ({"activations": {"dtype": "int8", "group": 256, "types": ["Q4_K", "Q8_0"]}},
-     "Q8_0 not at all"),
+    ({"activations": {"dtype": "int8", "group": 256, "types": ["Q4_K", "Q4_1"]}},
+     "Q4_1 not at all"),
     ({"prefill": {"dtype": "bfloat16", "rows": 8}}, "8 rows or more"),
 ])
 def test_replay_refuses_a_mode_this_worker_runs_otherwise(logged, why):

@@ -1,12 +1,12 @@
 /* quant_gemm.c's int8 path (`--int8-activations`, docs/design/cpu-paths.md "Activations in
  * int8"): the integer dot products llama.cpp takes, for the block types it serves here (Q4_K,
- * Q5_K, Q6_K, Q4_0); a call on another type takes the float32 path. Built where the CPU has AVX2
+ * Q5_K, Q6_K, Q4_0, Q8_0); a call on another type takes the float32 path. Built where the CPU has AVX2
  * (the same code, so the same bits, on AVX-512); HAS_INT8 says whether it was.
  *
  * Each row of x is rounded to int8 per 256 values (k / 256 groups, GGUF's Q8_K): dx = amax /
  * 127, q = nearest-even(x * (127 / amax)) (dx = 0 and q = 0 where amax is 0), and the sums of
  * its sixteen 16-value groups kept beside it. A weight's quants (unsigned: Q4_K and Q4_0's
- * nibbles, Q5_K's five bits, Q6_K's six) multiply the int8 row with vpmaddubsw (32 products an instruction
+ * nibbles, Q5_K's five bits, Q6_K's six; Q8_0's signed bytes as |w| and x's sign flipped) multiply the int8 row with vpmaddubsw (32 products an instruction
  * into 16-bit pairs, which cannot overflow: 2 x 63 x 127 < 32767), and the sub-block scales
  * with vpmaddwd, into 32-bit sums that are exact. Per super-block (256 weights) s of an
  * output, in integers:
@@ -14,6 +14,7 @@
  *     Q5_K  as Q4_K, q_jl its five bits
  *     Q6_K  A = sum_g sc_g (sum_l q_gl x_gl - 32 bsum_g)                 v = d A
  *     Q4_0  A_b = sum_l q_bl x_bl (per 32-weight block b)   v = sum_b d_b A_b - 8 sum_b d_b bsum_b
+ *     Q8_0  as Q4_0, q_bl signed, no 8 sum_b d_b bsum_b
  * held as eight 32-bit lanes, converted exactly (|lane| < 2^24) and added to eight float32
  * lanes: acc = fma(float(A), d dx_s, acc), then acc = fnma(float(M), dmin dx_s, acc) (Q4_0:
  * t_e = fma(float(A_b), d_b, t_e) for the even blocks in order from 0, t_o alike for the odd,
@@ -181,11 +182,14 @@ INLINE8 void q6k_group(int R, const uint8_t *blk, const int8_group *g, __m256 ac
     }
 }
 
-/* acc[r] += eight Q4_0 blocks (one group of x) times row r's group: t = sum_b d_b A_b (a
- * float product a block, in two chains), less 8 d_b bsum_b in lane b, then acc += t dx */
-INLINE8 void q40_group(int R, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
+/* acc[r] += eight Q4_0 (q8 = 0) or Q8_0 (q8 = 1) blocks, one group of x, times row r's
+ * group: t = sum_b d_b A_b (a float product a block, in two chains), for Q4_0 less 8 d_b
+ * bsum_b in lane b, then acc += t dx. Q8_0's quants are signed: |w| times x with w's sign
+ * (vpsignb), as vpmaddubsw wants one side unsigned (2 x 128 x 127 < 32767: no saturation). */
+INLINE8 void q8x_group(int R, int q8, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
+    const int stride = q8 ? 34 : 18;
     uint16_t h[8];
-    for (int b = 0; b < 8; b++) memcpy(h + b, blk + 18 * b, 2);
+    for (int b = 0; b < 8; b++) memcpy(h + b, blk + stride * b, 2);
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
     /* block by block, each row's chain in turn: a block's quants and d unpacked once and the
      * 2R chains kept in registers (all eight blocks unpacked first spilled to the stack) */
@@ -193,25 +197,34 @@ INLINE8 void q40_group(int R, const uint8_t *blk, const int8_group *g, __m256 ac
     for (int r = 0; r < R; r++) t2[r][0] = t2[r][1] = _mm256_setzero_ps();
     #pragma GCC unroll 8                     /* so each chain is a register, not t2[r][b & 1] */
     for (int b = 0; b < 8; b++) {
-        /* the block's 16 bytes in both lanes, the high lane's shifted to its high nibbles:
-         * one shift where a shift and an insert were (1.12-1.15x at 1 and 8 rows, Zen 3) */
-        const __m256i v = _mm256_broadcastsi128_si256(
-            _mm_loadu_si128((const __m128i *)(blk + 18 * b + 2)));
-        const __m256i w = _mm256_and_si256(
-            _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
+        __m256i w;
+        if (q8) {
+            w = _mm256_loadu_si256((const __m256i *)(blk + 34 * b + 2));
+        } else {
+            /* the block's 16 bytes in both lanes, the high lane's shifted to its high nibbles:
+             * one shift where a shift and an insert were (1.12-1.15x at 1 and 8 rows, Zen 3) */
+            const __m256i v = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128((const __m128i *)(blk + 18 * b + 2)));
+            w = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                 _mm256_set1_epi8(15));
+        }
+        const __m256i wu = q8 ? _mm256_abs_epi8(w) : w;
         const __m256 db = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(b));
         for (int r = 0; r < R; r++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(g->q[r] + 32 * b));
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+            if (q8) x = _mm256_sign_epi8(x, w);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, x), _mm256_set1_epi16(1));
             t2[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), db, t2[r][b & 1]);
         }
     }
     const __m256 d8x8 = _mm256_mul_ps(d8, _mm256_set1_ps(8.0f));
     for (int r = 0; r < R; r++) {
         __m256 t = _mm256_add_ps(t2[r][0], t2[r][1]);
-        __m256i g16 = _mm256_loadu_si256((const __m256i *)g->sums[r]);
-        const __m256 bsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(g16, _mm256_set1_epi16(1)));
-        t = _mm256_fnmadd_ps(d8x8, bsum, t);
+        if (!q8) {
+            __m256i g16 = _mm256_loadu_si256((const __m256i *)g->sums[r]);
+            const __m256 bsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(g16, _mm256_set1_epi16(1)));
+            t = _mm256_fnmadd_ps(d8x8, bsum, t);
+        }
         acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(g->d[r]), acc[r]);
     }
 }
@@ -223,7 +236,9 @@ INLINE8 float int8_sum(__m256 a) {
 }
 
 /* Bytes of w a group of x meets: a super-block, or Q4_0's eight blocks */
-static inline int group_bytes(int type) { return type == Q4_0 ? 8 * 18 : block_bytes(type); }
+static inline int group_bytes(int type) {
+    return type == Q4_0 || type == Q8_0 ? 8 * block_bytes(type) : block_bytes(type);
+}
 
 /* Rows r0 .. r0 + R - 1 (R <= 4) of x by C weight rows at w -> y. R, C and the type are
  * constants where it is inlined: the R x C sums stay in registers. */
@@ -246,7 +261,7 @@ INLINE8 void int8_tile(int type, int R, int C, const int8_rows *x, int64_t r0, i
                 __builtin_prefetch(blk + PF_TILES_I8 * C * ldw + line, 0, 2);
             if (type == Q4_K || type == Q5_K) qk_group(R, type == Q5_K, blk, &g, acc[c]);
             else if (type == Q6_K) q6k_group(R, blk, &g, acc[c]);
-            else q40_group(R, blk, &g, acc[c]);
+            else q8x_group(R, type == Q8_0, blk, &g, acc[c]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -267,10 +282,10 @@ typedef void (*int8_tile_fn)(const int8_rows *, int64_t, int64_t, const uint8_t 
 #define I8TILES(T) I8ROWS(T, 1) I8ROWS(T, 2) I8ROWS(T, 3) I8ROWS(T, 4)                      \
     static const int8_tile_fn I8TILES_##T[4][4] = {I8FNS(T, 1), I8FNS(T, 2), I8FNS(T, 3),  \
                                                    I8FNS(T, 4)};
-I8TILES(Q4_K) I8TILES(Q5_K) I8TILES(Q6_K) I8TILES(Q4_0)
+I8TILES(Q4_K) I8TILES(Q5_K) I8TILES(Q6_K) I8TILES(Q4_0) I8TILES(Q8_0)
 
 static inline int has_int8_type(int type) {
-    return type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_0;
+    return type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_0 || type == Q8_0;
 }
 
 /* y = x W^T + b with x rounded to int8 (the head): 0, or -1 where this path cannot take the
@@ -283,7 +298,8 @@ static int int8_matmul(const float *x, const uint8_t *w, int type, const float *
     int8_rows xr = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * groups)),
                     malloc(sizeof(int16_t) * 16 * (size_t)(m * groups))};
     const int8_tile_fn (*table)[4] = type == Q4_K ? I8TILES_Q4_K : type == Q5_K ? I8TILES_Q5_K
-                                     : type == Q6_K ? I8TILES_Q6_K : I8TILES_Q4_0;
+                                     : type == Q6_K ? I8TILES_Q6_K
+                                     : type == Q4_0 ? I8TILES_Q4_0 : I8TILES_Q8_0;
     int rc = -1;
     if (xr.q && xr.d && xr.sums) {
         #pragma omp parallel num_threads(threads)
