@@ -39,7 +39,17 @@ def runner_for(meta: dict, device: str | None = None, dtype: str | None = None):
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelUnavailable(f"cannot load the log's model {meta['model']!r}: {e}") from None
     _check_same_file(info.get("checkpoint") or {}, runner.info.checkpoint)
+    _check_same_int8(info.get("quantization") or {}, runner.info.quantization or {})
     return runner
+
+
+def _check_same_int8(logged: dict, loaded: dict) -> None:
+    """A log made with --int8-activations is re-run only where this kernel rounds the same
+    layers: one that takes a type the log's did not (or not one it did) changes their bits."""
+    want, got = logged.get("activations"), loaded.get("activations")
+    if want and want != got:
+        raise ModelUnavailable(f"the log rounded activations to int8 as {want}; this worker "
+                               f"would round them as {got} on this model: its bits would differ")
 
 
 def _check_same_file(logged: dict, loaded: dict) -> None:

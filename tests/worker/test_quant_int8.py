@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(not quant.has_int8(),
                                 reason="no AVX2 kernel: --int8-activations is refused")
 
 INT8 = [quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.Q4_0, quant.Q8_0]
-QUANTS = {"Q4_K": [(16, 144)], "Q5_K": [(16, 176)], "Q6_K": [(0, 192)], "Q4_0": [(2 + 18 * b, 18 * b + 18)
-                                                          for b in range(8)],
+QUANTS = {"Q4_K": [(16, 144)], "Q5_K": [(16, 176)], "Q6_K": [(0, 192)],
+          "Q4_0": [(2 + 18 * b, 18 * b + 18) for b in range(8)],
           "Q8_0": [(2 + 34 * b, 34 * b + 34) for b in range(8)]}
 
 
@@ -247,3 +247,17 @@ def reruns_in_its_mode(runner, path: str, key: str, capsys) -> None:
 def test_replay_reruns_its_log_in_it(runners, tmp_path, capsys):
     reruns_in_its_mode(runners[1], str(tmp_path / "w.db"), "activations", capsys)
 
+
+
+def test_replay_refuses_a_log_whose_int8_layers_this_kernel_rounds_otherwise(runners, tmp_path):
+    """A log made by a kernel that rounded other types (here: said to have taken Q8_0 too) is
+    refused once the model is loaded, not re-run with other bits"""
+    from replay.logfile import LogFile
+    from replay.model import ModelUnavailable, runner_for
+    from tests.worker.test_invariant import record, workload
+    path = str(tmp_path / "w.db")
+    record(runners[1], path, workload(512, 2, seed=5))
+    meta = LogFile(path).meta
+    meta["model_info"]["quantization"]["activations"]["types"] = ["Q4_0", "Q8_0"]
+    with pytest.raises(ModelUnavailable, match="would round them"):
+        runner_for(meta)

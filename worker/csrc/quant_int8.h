@@ -1,13 +1,14 @@
 /* quant_gemm.c's int8 path (`--int8-activations`, docs/design/cpu-paths.md "Activations in
  * int8"): the integer dot products llama.cpp takes, for the block types it serves here (Q4_K,
- * Q5_K, Q6_K, Q4_0, Q8_0); a call on another type takes the float32 path. Built where the CPU has AVX2
- * (the same code, so the same bits, on AVX-512); HAS_INT8 says whether it was.
+ * Q5_K, Q6_K, Q4_0, Q8_0); a call on another type takes the float32 path. Built where the CPU
+ * has AVX2 (the same code, so the same bits, on AVX-512); HAS_INT8 says whether it was.
  *
  * Each row of x is rounded to int8 per 256 values (k / 256 groups, GGUF's Q8_K): dx = amax /
  * 127, q = nearest-even(x * (127 / amax)) (dx = 0 and q = 0 where amax is 0), and the sums of
  * its sixteen 16-value groups kept beside it. A weight's quants (unsigned: Q4_K and Q4_0's
- * nibbles, Q5_K's five bits, Q6_K's six; Q8_0's signed bytes as |w| and x's sign flipped) multiply the int8 row with vpmaddubsw (32 products an instruction
- * into 16-bit pairs, which cannot overflow: 2 x 63 x 127 < 32767), and the sub-block scales
+ * nibbles, Q5_K's five bits, Q6_K's six; Q8_0's signed bytes as |w|, x's signs flipped where w
+ * is negative) multiply the int8 row with vpmaddubsw (32 products an instruction into 16-bit
+ * pairs, which cannot overflow: at most 2 x 128 x 127 < 32767), and the sub-block scales
  * with vpmaddwd, into 32-bit sums that are exact. Per super-block (256 weights) s of an
  * output, in integers:
  *     Q4_K  A = sum_j sc_j sum_l q_jl x_jl   M = sum_j mn_j bsum_j      v = d A - dmin M
@@ -128,7 +129,8 @@ INLINE8 void qk_group(int R, int q5, const uint8_t *blk, const int8_group *g, __
     const __m256i s = _mm256_broadcastsi128_si256(
         _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
     const uint8_t *qs = blk + (q5 ? 48 : 16);
-    const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+    const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16))
+                          : _mm256_setzero_si256();
     __m256i a[4];
     for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {            /* runs 2p, 2p + 1: a byte's low, high nibble */
@@ -235,7 +237,7 @@ INLINE8 float int8_sum(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
 }
 
-/* Bytes of w a group of x meets: a super-block, or Q4_0's eight blocks */
+/* Bytes of w a group of x meets: a super-block, or eight Q4_0 or Q8_0 blocks */
 static inline int group_bytes(int type) {
     return type == Q4_0 || type == Q8_0 ? 8 * block_bytes(type) : block_bytes(type);
 }
