@@ -286,8 +286,16 @@ typedef void (*int8_tile_fn)(const int8_rows *, int64_t, int64_t, const uint8_t 
                                                    I8FNS(T, 4)};
 I8TILES(Q4_K) I8TILES(Q5_K) I8TILES(Q6_K) I8TILES(Q4_0) I8TILES(Q8_0)
 
-static inline int has_int8_type(int type) {
-    return type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_0 || type == Q8_0;
+/* A type's tiles, or 0 where this path has none: the one list of the types it takes */
+static const int8_tile_fn (*int8_tiles(int type))[4] {
+    switch (type) {
+    case Q4_K: return I8TILES_Q4_K;
+    case Q5_K: return I8TILES_Q5_K;
+    case Q6_K: return I8TILES_Q6_K;
+    case Q4_0: return I8TILES_Q4_0;
+    case Q8_0: return I8TILES_Q8_0;
+    default: return 0;
+    }
 }
 
 /* y = x W^T + b with x rounded to int8 (the head): 0, or -1 where this path cannot take the
@@ -295,13 +303,11 @@ static inline int has_int8_type(int type) {
  * must. */
 static int int8_matmul(const float *x, const uint8_t *w, int type, const float *b, float *y,
                        int64_t m, int64_t k, int64_t n, int threads) {
-    if (!has_int8_type(type) || k % QS) return -1;
+    const int8_tile_fn (*table)[4] = int8_tiles(type);
+    if (!table || k % QS) return -1;
     const int64_t groups = k / QS, ldw = groups * group_bytes(type);
     int8_rows xr = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * groups)),
                     malloc(sizeof(int16_t) * 16 * (size_t)(m * groups))};
-    const int8_tile_fn (*table)[4] = type == Q4_K ? I8TILES_Q4_K : type == Q5_K ? I8TILES_Q5_K
-                                     : type == Q6_K ? I8TILES_Q6_K
-                                     : type == Q4_0 ? I8TILES_Q4_0 : I8TILES_Q8_0;
     int rc = -1;
     if (xr.q && xr.d && xr.sums) {
         #pragma omp parallel num_threads(threads)
@@ -342,7 +348,7 @@ int tl_quant_has_int8(void) { return HAS_INT8; }
  * worker asks to know which layers the flag changes, and what the step log records */
 int tl_quant_int8_group(int type, int64_t k) {
 #if HAS_INT8
-    return has_int8_type(type) && k % QS == 0 ? QS : 0;   /* k = 0: of the type alone */
+    return int8_tiles(type) && k % QS == 0 ? QS : 0;   /* k = 0: of the type alone */
 #else
     (void)type, (void)k;
     return 0;
