@@ -135,15 +135,18 @@ def test_the_kernel_names_what_it_takes():
 
 
 def test_the_avx2_build_gives_the_native_builds_bits():
-    """The same code on AVX-512 (EVEX) and AVX2: the same order, so the same bits (on an
-    AVX2-only host both builds are AVX2's); the scalar build has no int8 path."""
-    avx2 = quant.load(("-mno-avx512f",))
-    assert quant.has_int8(avx2) and not quant.has_int8(quant.load(("-mno-avx",)))
+    """AVX-512's two runs a register (quant_int8_avx512.h, with VNNI's fused multiply-adds or
+    without) and AVX2's one: the same integer sums and the same float order, so the same bits
+    (on an AVX2-only host every build is AVX2's); the scalar build has no int8 path."""
+    builds = {"avx2": quant.load(("-mno-avx512f",)), "no-vnni": quant.load(("-mno-avx512vnni",))}
+    assert quant.has_int8(builds["avx2"]) and not quant.has_int8(quant.load(("-mno-avx",)))
     for qtype in INT8:
         qw, x, b = weight(qtype, 29, 512), torch.randn(6, 512), torch.randn(29)
         for m in (1, 6):
-            assert torch.equal(quant.matmul(x[:m], qw, b, lib=avx2, int8=True),
-                               quant.matmul(x[:m], qw, b, int8=True)), (qtype.name, m)
+            want = quant.matmul(x[:m], qw, b, int8=True)
+            for name, lib in builds.items():
+                assert torch.equal(quant.matmul(x[:m], qw, b, lib=lib, int8=True), want), \
+                    (name, qtype.name, m)
 
 
 # -- the worker ------------------------------------------------------------------------------

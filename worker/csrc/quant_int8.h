@@ -1,7 +1,8 @@
 /* quant_gemm.c's int8 path (`--int8-activations`, docs/design/cpu-paths.md "Activations in
  * int8"): the integer dot products llama.cpp takes, for the block types it serves here (Q4_K,
  * Q5_K, Q6_K, Q4_0, Q8_0); a call on another type takes the float32 path. Built where the CPU
- * has AVX2 (the same code, so the same bits, on AVX-512); HAS_INT8 says whether it was.
+ * has AVX2; with AVX-512 the group functions are quant_int8_avx512.h's, two runs a register,
+ * the same bits. HAS_INT8 says whether it was built.
  *
  * Each row of x is rounded to int8 per 256 values (k / 256 groups, GGUF's Q8_K): dx = amax /
  * 127, q = nearest-even(x * (127 / amax)) (dx = 0 and q = 0 where amax is 0), and the sums of
@@ -121,6 +122,21 @@ INLINE8 __m256i fifth_bit(__m256i qh, int j) {
     return _mm256_and_si256(at4, _mm256_set1_epi8(16));
 }
 
+/* acc[r] += a Q4_K or Q5_K super-block's v = d A - dmin M for row r, from its sums A (a[r],
+ * eight lanes) and its mins mn (group h of x, 16 values, meets run h / 2's min) */
+INLINE8 void qk_close(int R, const uint8_t *blk, const uint8_t mn[8], const int8_group *g,
+                      const __m256i a[4], __m256 acc[4]) {
+    const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m256i mins = _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), twice));
+    const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+    for (int r = 0; r < R; r++) {
+        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)g->sums[r]), mins);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(d * g->d[r]), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * g->d[r]), acc[r]);
+    }
+}
+
 /* acc[r] += one Q4_K (q5 = 0) or Q5_K (q5 = 1: each quant plus 16 where its bit of qh is
  * set, so 0..31) super-block times row r's group: v = d A - dmin M (the head) */
 INLINE8 void qk_group(int R, int q5, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
@@ -143,15 +159,18 @@ INLINE8 void qk_group(int R, int q5, const uint8_t *blk, const int8_group *g, __
         run_dot(R, lo, words_of(s, 2 * p, 2 * p), g, 2 * p, a);
         run_dot(R, hi, words_of(s, 2 * p + 1, 2 * p + 1), g, 2 * p + 1, a);
     }
-    /* group h of x (16 values) meets run h / 2's min */
-    const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m256i mins = _mm256_cvtepu8_epi16(
-        _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), twice));
-    const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+    qk_close(R, blk, mn, g, a, acc);
+}
+
+/* acc[r] += a Q6_K super-block's v = d (A - 32 M) for row r, from its sums A (a[r], eight
+ * lanes) and its 16 scales s */
+INLINE8 void q6k_close(int R, const uint8_t *blk, __m256i s, const int8_group *g,
+                       const __m256i a[4], __m256 acc[4]) {
+    const float d = half_to_float(blk + 208);
     for (int r = 0; r < R; r++) {
-        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)g->sums[r]), mins);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(d * g->d[r]), acc[r]);
-        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * g->d[r]), acc[r]);
+        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)g->sums[r]), s);
+        __m256i v = _mm256_sub_epi32(a[r], _mm256_slli_epi32(m, 5));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d * g->d[r]), acc[r]);
     }
 }
 
@@ -176,12 +195,7 @@ INLINE8 void q6k_group(int R, const uint8_t *blk, const int8_group *g, __m256 ac
         for (int t = 0; t < 4; t++)
             run_dot(R, w[t], words_of(sh, 2 * t, 2 * t + 1), g, 4 * h + t, a);
     }
-    const float d = half_to_float(blk + 208);
-    for (int r = 0; r < R; r++) {
-        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)g->sums[r]), s);
-        a[r] = _mm256_sub_epi32(a[r], _mm256_slli_epi32(m, 5));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(d * g->d[r]), acc[r]);
-    }
+    q6k_close(R, blk, s, g, a, acc);
 }
 
 /* acc[r] += eight Q4_0 (q8 = 0) or Q8_0 (q8 = 1) blocks, one group of x, times row r's
@@ -231,6 +245,17 @@ INLINE8 void q8x_group(int R, int q8, const uint8_t *blk, const int8_group *g, _
     }
 }
 
+#if defined(__AVX512BW__)
+#include "quant_int8_avx512.h"           /* the same functions, two runs a register */
+#define QK_GROUP qk_group512
+#define Q6K_GROUP q6k_group512
+#define Q8X_GROUP q8x_group512
+#else
+#define QK_GROUP qk_group
+#define Q6K_GROUP q6k_group
+#define Q8X_GROUP q8x_group
+#endif
+
 INLINE8 float int8_sum(__m256 a) {
     __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
@@ -261,9 +286,9 @@ INLINE8 void int8_tile(int type, int R, int C, const int8_rows *x, int64_t r0, i
             const uint8_t *blk = w + c * ldw + s * gb;
             for (int line = 0; line < gb; line += 64)
                 __builtin_prefetch(blk + PF_TILES_I8 * C * ldw + line, 0, 2);
-            if (type == Q4_K || type == Q5_K) qk_group(R, type == Q5_K, blk, &g, acc[c]);
-            else if (type == Q6_K) q6k_group(R, blk, &g, acc[c]);
-            else q8x_group(R, type == Q8_0, blk, &g, acc[c]);
+            if (type == Q4_K || type == Q5_K) QK_GROUP(R, type == Q5_K, blk, &g, acc[c]);
+            else if (type == Q6_K) Q6K_GROUP(R, blk, &g, acc[c]);
+            else Q8X_GROUP(R, type == Q8_0, blk, &g, acc[c]);
         }
     }
     for (int r = 0; r < R; r++)
