@@ -84,9 +84,9 @@ def _llamacpp_file_rows(doc: dict) -> list[tuple]:
 
 
 def _llamacpp_prefill_rows(doc: dict) -> list[tuple]:
-    """The tok/s row, and the prompts' speed against llama.cpp's at every level (the
-    figure --prefill-bf16 is for)."""
-    rows = _llamacpp_file_rows(doc)[:1]
+    """The tok/s and TPOT rows, and the prompts' speed against llama.cpp's at every level
+    (the figure --prefill-bf16 is for)."""
+    rows = _llamacpp_file_rows(doc)
     levels = doc.get("levels") or {}
     if rows and levels:
         label = rows[0][0].split(", out tok/s")[0]
@@ -110,13 +110,13 @@ def _quality_rows(doc: dict) -> list[tuple]:
 
 HEADLINE = (("compare-llamacpp-1b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-1b-q4_k_m.json", _llamacpp_file_rows),
-            ("compare-llamacpp-1b-q4_k_m-bf16.json", _llamacpp_prefill_rows),
+            ("compare-llamacpp-1b-q4_k_m-int8-bf16.json", _llamacpp_prefill_rows),
             ("compare-llamacpp-1b-q4_k_m-int8-avx2.json", _llamacpp_file_rows),
             ("compare-llamacpp-1b-q4_0-int8-avx2.json", _llamacpp_file_rows),
             ("compare-llamacpp-3b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-3b-q4_k_m.json", _llamacpp_file_rows),
             ("compare-llamacpp-q4_1.json", _llamacpp_tok_rows),
-            ("quality.json", _quality_rows))   # the README's rows: at most 16
+            ("quality.json", _quality_rows))   # the README's rows: at most 17
 
 
 def _no_dirs(text: str) -> str:

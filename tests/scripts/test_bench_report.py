@@ -164,8 +164,9 @@ def test_a_comparison_with_prefill_bf16_says_so_and_gives_the_prefill_ratio():
                "engine_over_llamacpp_tok_s": 0.8, "engine_over_llamacpp_prefill": 1.6}}}
     rows = _llamacpp_prefill_rows(doc)
     assert rows[0][0].startswith("m Q4_K_M --prefill-bf16, out tok/s")
-    assert rows[1][0] == "m Q4_K_M --prefill-bf16, prefill tok/s ratio, 1 in flight"
-    assert rows[1][3] == "1.60x"
+    assert rows[1][0] == "m Q4_K_M --prefill-bf16, TPOT p50 ms, 1 in flight: tl-engine / llama.cpp"
+    assert rows[2][0] == "m Q4_K_M --prefill-bf16, prefill tok/s ratio, 1 in flight"
+    assert rows[2][3] == "1.60x"
     table = rt.compare_llamacpp(doc)
     assert "tl-engine `--prefill-bf16`" in table and "| 1.60 |" in table
     doc["engine"]["serve_args"] = ["--model", "x"]
