@@ -198,15 +198,34 @@ INLINE8 void q6k_group(int R, const uint8_t *blk, const int8_group *g, __m256 ac
     q6k_close(R, blk, s, g, a, acc);
 }
 
+/* the eight Q4_0 or Q8_0 blocks' fp16 d as floats */
+INLINE8 __m256 eight_d(int q8, const uint8_t *blk) {
+    uint16_t h[8];
+    for (int b = 0; b < 8; b++) memcpy(h + b, blk + (q8 ? 34 : 18) * b, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* acc[r] += t[r] (sum_b d_b A_b, lane b of it), for Q4_0 less 8 d_b bsum_b, times dx */
+INLINE8 void q8x_close(int R, int q8, __m256 d8, const int8_group *g, const __m256 t[4],
+                       __m256 acc[4]) {
+    const __m256 d8x8 = _mm256_mul_ps(d8, _mm256_set1_ps(8.0f));
+    for (int r = 0; r < R; r++) {
+        __m256 u = t[r];
+        if (!q8) {
+            __m256i g16 = _mm256_loadu_si256((const __m256i *)g->sums[r]);
+            const __m256 bsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(g16, _mm256_set1_epi16(1)));
+            u = _mm256_fnmadd_ps(d8x8, bsum, u);
+        }
+        acc[r] = _mm256_fmadd_ps(u, _mm256_set1_ps(g->d[r]), acc[r]);
+    }
+}
+
 /* acc[r] += eight Q4_0 (q8 = 0) or Q8_0 (q8 = 1) blocks, one group of x, times row r's
  * group: t = sum_b d_b A_b (a float product a block, in two chains), for Q4_0 less 8 d_b
  * bsum_b in lane b, then acc += t dx. Q8_0's quants are signed: |w| times x with w's sign
  * (vpsignb), as vpmaddubsw wants one side unsigned (2 x 128 x 127 < 32767: no saturation). */
 INLINE8 void q8x_group(int R, int q8, const uint8_t *blk, const int8_group *g, __m256 acc[4]) {
-    const int stride = q8 ? 34 : 18;
-    uint16_t h[8];
-    for (int b = 0; b < 8; b++) memcpy(h + b, blk + stride * b, 2);
-    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    const __m256 d8 = eight_d(q8, blk);
     /* block by block, each row's chain in turn: a block's quants and d unpacked once and the
      * 2R chains kept in registers (all eight blocks unpacked first spilled to the stack) */
     __m256 t2[4][2];
@@ -233,16 +252,9 @@ INLINE8 void q8x_group(int R, int q8, const uint8_t *blk, const int8_group *g, _
             t2[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), db, t2[r][b & 1]);
         }
     }
-    const __m256 d8x8 = _mm256_mul_ps(d8, _mm256_set1_ps(8.0f));
-    for (int r = 0; r < R; r++) {
-        __m256 t = _mm256_add_ps(t2[r][0], t2[r][1]);
-        if (!q8) {
-            __m256i g16 = _mm256_loadu_si256((const __m256i *)g->sums[r]);
-            const __m256 bsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(g16, _mm256_set1_epi16(1)));
-            t = _mm256_fnmadd_ps(d8x8, bsum, t);
-        }
-        acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(g->d[r]), acc[r]);
-    }
+    __m256 t[4];
+    for (int r = 0; r < R; r++) t[r] = _mm256_add_ps(t2[r][0], t2[r][1]);
+    q8x_close(R, q8, d8, g, t, acc);
 }
 
 #if defined(__AVX512BW__)

@@ -95,6 +95,8 @@ INLINE8 void q6k_group512(int R, const uint8_t *blk, const int8_group *g, __m256
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
     const __m512i s = _mm512_castsi256_si512(s16);
     const __m512i m15 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m256i eighths = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                               0x0303030303030303);   /* i / 8, bytes */
     __m512i a[4];
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
@@ -105,13 +107,9 @@ INLINE8 void q6k_group512(int R, const uint8_t *blk, const int8_group *g, __m256
         const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m15),
                                             _mm512_and_si512(both_shifted(qh, 0, 2, 0), m30));
         for (int t = 0; t < 2; t++) {        /* runs 4h + 2t, 4h + 2t + 1: scales 8h + 4t .. */
-            const int j = 8 * h + 4 * t;
-            const __m512i at = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_set1_epi16((short)j)),
-                    _mm_set1_epi16((short)(j + 1)), 1)),
-                _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)(j + 2))),
-                                        _mm_set1_epi16((short)(j + 3)), 1), 1);
+            /* word i of the register takes scale 8h + 4t + i / 8 */
+            const __m512i at = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * h + 4 * t)),
+                                                _mm512_cvtepu8_epi16(eighths));
             runs_dot512(R, t ? w23 : w01, _mm512_permutexvar_epi16(at, s), g, 2 * h + t, a);
         }
     }
@@ -124,10 +122,7 @@ INLINE8 void q6k_group512(int R, const uint8_t *blk, const int8_group *g, __m256
  * half's float chain is the AVX2 code's even chain and the high half's the odd one */
 INLINE8 void q8x_group512(int R, int q8, const uint8_t *blk, const int8_group *g,
                           __m256 acc[4]) {
-    const int stride = q8 ? 34 : 18;
-    uint16_t h[8];
-    for (int b = 0; b < 8; b++) memcpy(h + b, blk + stride * b, 2);
-    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    const __m256 d8 = eight_d(q8, blk);
     const __m512 d16 = _mm512_castps256_ps512(d8);
     __m512 t[4];
     for (int r = 0; r < R; r++) t[r] = _mm512_setzero_ps();
@@ -158,15 +153,9 @@ INLINE8 void q8x_group512(int R, int q8, const uint8_t *blk, const int8_group *g
             t[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4_512(wu, x)), db, t[r]);
         }
     }
-    const __m256 d8x8 = _mm256_mul_ps(d8, _mm256_set1_ps(8.0f));
-    for (int r = 0; r < R; r++) {
-        __m256 u = _mm256_add_ps(_mm512_castps512_ps256(t[r]),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t[r]), 1)));
-        if (!q8) {
-            __m256i g16 = _mm256_loadu_si256((const __m256i *)g->sums[r]);
-            const __m256 bsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(g16, _mm256_set1_epi16(1)));
-            u = _mm256_fnmadd_ps(d8x8, bsum, u);
-        }
-        acc[r] = _mm256_fmadd_ps(u, _mm256_set1_ps(g->d[r]), acc[r]);
-    }
+    __m256 u[4];                             /* the even chain plus the odd, as AVX2's */
+    for (int r = 0; r < R; r++)
+        u[r] = _mm256_add_ps(_mm512_castps512_ps256(t[r]), _mm256_castpd_ps(
+                                 _mm512_extractf64x4_pd(_mm512_castps_pd(t[r]), 1)));
+    q8x_close(R, q8, d8, g, u, acc);
 }
