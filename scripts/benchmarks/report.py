@@ -114,7 +114,7 @@ HEADLINE = (("compare-llamacpp-1b-q4_0.json", _llamacpp_file_rows),
             ("compare-llamacpp-1b-q4_k_m-int8-avx2.json", _llamacpp_file_rows),
             ("compare-llamacpp-1b-q4_0-int8-avx2.json", _llamacpp_file_rows),
             ("compare-llamacpp-3b-q4_0.json", _llamacpp_file_rows),
-            ("compare-llamacpp-3b-q4_k_m.json", _llamacpp_file_rows),
+            ("compare-llamacpp-3b-q4_k_m-int8-bf16.json", _llamacpp_file_rows),
             ("compare-llamacpp-q4_1.json", _llamacpp_tok_rows),
             ("quality.json", _quality_rows))   # the README's rows: at most 17
 
