@@ -12,6 +12,7 @@ from core.ipc.channel import Channel
 from core.ipc.protocol import (ForwardBatch, GrammarReady, PrepareGrammar, ProtocolError,
                                Shutdown, WorkerReady)
 from worker.grammar_builds import GrammarBuilds
+from worker.malloc import IdleTrim
 from worker.step_pulse import StepPulse
 
 
@@ -52,7 +53,9 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
     try:
         out.send(WorkerReady(info=runner.info, pid=os.getpid()))
         last = None   # the last StepResult: an overlapped batch's placeholders come from it
+        idle = IdleTrim()
         while True:
+            idle.wait(inp.poll)
             try:
                 msg = inp.recv()
             except ProtocolError as e:
@@ -72,6 +75,7 @@ def serve(runner, ctx: zmq.Context, to_core: str, from_core: str) -> None:
             pulse.begin(msg.step)
             last = runner.run(msg)
             pulse.end()
+            idle.step_ran()
             if times is not None:
                 times.write(f"{msg.step} {(time.perf_counter() - t0) * 1e3:.3f} "
                             f"{(_grammar_s(runner) - mask0) * 1e3:.3f}\n")
