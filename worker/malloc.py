@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections.abc import Callable
+from functools import cache
 
 M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
@@ -34,12 +35,20 @@ TOP_PAD = 64 << 20
 IDLE_TRIM_S = 1.0
 
 
+@cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once (find_library runs `ldconfig -p`, and IdleTrim trims
+    after every idle spell); None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def keep_heap() -> bool:
     """True if glibc took the settings; False elsewhere (other libcs keep their defaults)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_MMAP_MAX, 0),
@@ -49,15 +58,12 @@ def keep_heap() -> bool:
 
 def trim() -> bool:
     """Hand the heap's free pages back to the system now (glibc's malloc_trim), whatever the
-    trim threshold keep_heap set: once, at the end of a load (worker/load.py), so that what
-    the load freed (float weights a quantized layer replaced, the probes', the fused layers'
-    and the decode graph's temporaries: 0-80 MB on smollm2, as the allocations happened to
-    fall) is not kept as if a step would need it."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    trim threshold keep_heap set: at the end of a load (worker/load.py), so that what the
+    load freed (float weights a quantized layer replaced, the probes', the fused layers' and
+    the decode graph's temporaries: 0-80 MB on smollm2, as the allocations happened to fall)
+    is not kept as if a step would need it, and after an idle spell (IdleTrim)."""
+    malloc_trim = getattr(_libc(), "malloc_trim", None)
+    return malloc_trim is not None and bool(malloc_trim(0))
 
 
 class IdleTrim:
