@@ -284,9 +284,9 @@ static inline int group_bytes(int type) {
     return type == Q4_0 || type == Q8_0 ? 8 * block_bytes(type) : block_bytes(type);
 }
 
-/* The R rows' group s of x, as the block functions read it */
-INLINE8 int8_group group_at(const int8_rows *x, int R, int64_t r0, int64_t k, int64_t s) {
-    const int64_t groups = k / QS;
+/* The R rows' group s of x (rows of k values, `groups` groups), as the block functions read it */
+INLINE8 int8_group group_at(const int8_rows *x, int R, int64_t r0, int64_t k, int64_t groups,
+                            int64_t s) {
     int8_group g;
     for (int r = 0; r < R; r++) {
         g.q[r] = x->q + (r0 + r) * k + s * QS;
@@ -319,18 +319,19 @@ INLINE8 void int8_tile(int type, int R, int C, const int8_rows *x, int64_t r0, i
     if (R == 1) {
         /* One row of x (a step's decode): the tile's weight rows one after the other, so a
          * thread reads one stream from memory where the loop below reads C side by side.
-         * 1B shapes, Zen 5, 2 threads, three alternating runs: Q4_K 1.08-1.35x, 0.94-1.00x,
-         * 1.14-1.26x; Q6_K and Q4_0 1.00-1.07x, -, 1.03-1.54x; Q8_0 0.95-0.99x (kept for one
-         * code path); 1B Q4_K_M step faster in 6 of 8 alternating runs, its fastest steps
-         * in 8 of 8. x's row stays in L1 either way. */
+         * 1B shapes, Zen 5, 2 threads, runs alternating with the old build: Q4_K 1.08-1.35x,
+         * 0.94-1.00x, 1.15-1.27x; Q6_K 1.00-1.07x, 1.14-1.54x; Q4_0 1.01-1.05x, 1.03-1.28x;
+         * Q5_K 0.99-1.00x; Q8_0 0.94-1.01x, 0.95-0.99x (kept on the one code path); 1B
+         * Q4_K_M step faster in 6 of 8 alternating runs, its fastest steps in 8 of 8. x's
+         * row stays in L1 either way. */
         for (int c = 0; c < C; c++)
             for (int64_t s = 0; s < groups; s++) {
-                const int8_group g = group_at(x, 1, r0, k, s);
+                const int8_group g = group_at(x, 1, r0, k, groups, s);
                 group_dot(type, 1, w + c * ldw + s * gb, ahead, &g, acc[c]);
             }
     } else {
         for (int64_t s = 0; s < groups; s++) {
-            const int8_group g = group_at(x, R, r0, k, s);
+            const int8_group g = group_at(x, R, r0, k, groups, s);
             for (int c = 0; c < C; c++)
                 group_dot(type, R, w + c * ldw + s * gb, ahead, &g, acc[c]);
         }
